@@ -1,0 +1,5 @@
+"""``python -m fusekit`` runs the CLI."""
+
+from fusekit.cli import main
+
+main()

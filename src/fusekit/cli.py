@@ -1,0 +1,96 @@
+"""The ``fusekit`` command.
+
+Each part registers its own commands in ``fusekit/<part>/commands.py`` (a ``typer.Typer`` called
+``app``); this module mounts the ones that exist and adds ``tour``. Errors that fusekit raises on
+bad input are printed as one line on stderr, with exit status 2 and no traceback; set
+``FUSEKIT_DEBUG=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fusekit import __version__
+from fusekit.console import progress
+from fusekit.errors import FusekitError
+
+#: Command groups in help order; a part not built yet has no commands module and is absent.
+GROUPS: tuple[str, ...] = ("hw", "ir", "gms", "nn", "stitch", "accel", "sparse", "report")
+
+app = typer.Typer(
+    help="fusekit: decide how to fuse, order and tile deep-learning computations, "
+    "explain why, and run or simulate the result.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _mount_groups() -> None:
+    for group in GROUPS:
+        name = f"fusekit.{group}.commands"
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name in (name, f"fusekit.{group}"):  # the part is not built yet
+                continue
+            raise
+        app.add_typer(module.app, name=group)
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
+) -> None:
+    debug = verbose or bool(os.environ.get("FUSEKIT_DEBUG"))
+    logging.basicConfig(
+        level=logging.INFO if debug else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print fusekit's version."""
+    print(__version__)
+
+
+@app.command()
+def tour(
+    out: Annotated[Path, typer.Option(help="Folder for index.html.")] = Path("fusekit-report"),
+    seed: Annotated[int, typer.Option(help="Seed of every random workload.")] = 0,
+) -> None:
+    """Run every part that exists on small built-in defaults and write an HTML report."""
+    from fusekit.report.tour import TourOptions, available_sections, run_tour
+
+    total = len(available_sections())
+    with progress("tour", total=total) as bar:
+
+        def on_section(part: str, index: int, _total: int) -> None:
+            bar.update(0, completed=index, description=f"tour: {part}")  # type: ignore[arg-type]
+
+        path = run_tour(out, TourOptions(seed=seed), on_section=on_section)
+        bar.update(0, completed=total)  # type: ignore[arg-type]
+    print(f"report written to {path}")
+
+
+_mount_groups()
+
+
+def main() -> None:
+    """Entry point of the ``fusekit`` script."""
+    try:
+        app()
+    except (FusekitError, ValueError, TypeError, KeyError, OSError) as e:
+        if os.environ.get("FUSEKIT_DEBUG"):
+            raise
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)

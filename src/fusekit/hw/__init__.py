@@ -1,0 +1,29 @@
+"""Hardware descriptions: CPU and GPU targets, spatial accelerators, presets and detection."""
+
+from fusekit.hw.accel import Accelerator as Accelerator
+from fusekit.hw.accel import MemoryLevel as MemoryLevel
+from fusekit.hw.accel import Network as Network
+from fusekit.hw.accel import SystolicArrays as SystolicArrays
+from fusekit.hw.cpu_gpu import CPUTarget as CPUTarget
+from fusekit.hw.cpu_gpu import GPUTarget as GPUTarget
+from fusekit.hw.cpu_gpu import Target as Target
+from fusekit.hw.detect import detect as detect
+from fusekit.hw.load import Hardware as Hardware
+from fusekit.hw.load import load as load
+from fusekit.hw.load import load_file as load_file
+from fusekit.hw.load import preset_names as preset_names
+
+__all__ = [
+    "Accelerator",
+    "CPUTarget",
+    "GPUTarget",
+    "Hardware",
+    "MemoryLevel",
+    "Network",
+    "SystolicArrays",
+    "Target",
+    "detect",
+    "load",
+    "load_file",
+    "preset_names",
+]

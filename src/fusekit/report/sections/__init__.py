@@ -1,0 +1,1 @@
+"""Tour sections, one module per part: ``build(options: TourOptions) -> Section``."""

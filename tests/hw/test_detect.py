@@ -1,0 +1,70 @@
+import importlib
+import json
+import logging
+import time
+
+import pytest
+import torch
+
+from fusekit.hw.detect import detect
+
+# the package re-exports the function under the module's name; fetch the module itself
+detect_module = importlib.import_module("fusekit.hw.detect")
+
+
+def median_time_s(fn, trials=5):
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def test_detected_figures_are_plausible(tmp_path):
+    """Bandwidth and FLOP/s within 2x of a plain torch copy and matmul timed here."""
+    start = time.perf_counter()
+    target = detect(refresh=True, cache_path=tmp_path / "hw.json")
+    assert time.perf_counter() - start < 3.0
+
+    src = torch.ones(32 * 2**20)  # 128 MiB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copy_bytes_per_s = 2 * src.numel() * 4 / median_time_s(lambda: dst.copy_(src))
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.mm(a, b)
+    gemm_flops_per_s = 2 * 1024**3 / median_time_s(lambda: torch.mm(a, b))
+
+    assert 0.5 < target.mem_bw_bytes_per_s / copy_bytes_per_s < 2.0
+    assert 0.5 < target.peak("fp32") / gemm_flops_per_s < 2.0
+    assert 0 < target.launch_overhead_s < 1e-3
+    assert target.cores == torch.get_num_threads()
+    assert target.l1d_bytes > 0 and target.l2_bytes > 0
+
+
+def test_cache_is_reused_and_refreshed(tmp_path, monkeypatch):
+    cache = tmp_path / "hw.json"
+    first = detect(refresh=True, cache_path=cache)
+    assert json.loads(cache.read_text())["version"] == detect_module.CACHE_VERSION
+
+    def no_measuring():
+        raise AssertionError("should have used the cache")
+
+    monkeypatch.setattr(detect_module, "measure", no_measuring)
+    assert detect(cache_path=cache) == first
+    with pytest.raises(AssertionError, match="cache"):
+        detect(refresh=True, cache_path=cache)
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 1, "key": 3}', '{"version": 99}'])
+def test_corrupt_or_foreign_cache_is_ignored(tmp_path, monkeypatch, caplog, content):
+    cache = tmp_path / "hw.json"
+    cache.write_text(content)
+    fake = detect_module.Measurements(2e10, 1e11, 1024, 2e-6, 0.1)
+    monkeypatch.setattr(detect_module, "measure", lambda: fake)
+    with caplog.at_level(logging.INFO, logger="fusekit.hw.detect"):
+        target = detect(cache_path=cache)
+    assert target.mem_bw_bytes_per_s == 2e10
+    assert target.peak("fp32") == 1e11
+    assert caplog.records  # the reason was logged
+    assert json.loads(cache.read_text())["target"]["mem_bw_bytes_per_s"] == 2e10  # rewritten
