@@ -21,7 +21,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fusekit tour --out fusekit-report
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) tools/loc.py src/fusekit
+	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
@@ -29,8 +30,8 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks tools
+	$(PY) -m ruff format --check src tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) fusekit-report .pytest_cache

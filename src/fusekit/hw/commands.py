@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import binary_bytes, console, print_json, print_table, si
+from fusekit.console import binary_bytes, err_console, print_json, print_table, si
 from fusekit.hw.accel import Accelerator
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.hw.load import LOCAL_CPU, Hardware, load, preset_names
@@ -142,7 +142,7 @@ def show(
 ) -> None:
     """Show one hardware description."""
     if name.lower() == LOCAL_CPU:
-        with console.status("measuring this CPU (first time only)..."):
+        with err_console.status("measuring this CPU (first time only)..."):
             hw = load(name)
     else:
         hw = load(name)
@@ -158,6 +158,6 @@ def detect(
     """Measure this machine's CPU (streaming copy, fp32 GEMM, op overhead) and show it."""
     from fusekit.hw.detect import detect as run_detect
 
-    with console.status("measuring this CPU..."):
+    with err_console.status("measuring this CPU..."):
         hw = run_detect(refresh=refresh, cache_path=cache)
     _show(hw, as_json)
