@@ -110,7 +110,7 @@ def build(options: TourOptions) -> Section:
         summary=(
             "The targets every cost model reads. The local CPU is measured (a streaming copy "
             "and an fp32 GEMM, cached per machine); GPUs and accelerators come from datasheets "
-            "and the COMET paper, as `fusekit hw show NAME` prints them."
+            "and the COMET paper, as fusekit hw show NAME prints them."
         ),
         blocks=(targets, _roofline_figure(compute), accel_table),
         records=records,
