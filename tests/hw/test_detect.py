@@ -68,3 +68,41 @@ def test_corrupt_or_foreign_cache_is_ignored(tmp_path, monkeypatch, caplog, cont
     assert target.peak("fp32") == 1e11
     assert caplog.records  # the reason was logged
     assert json.loads(cache.read_text())["target"]["mem_bw_bytes_per_s"] == 2e10  # rewritten
+
+
+def test_gpu_local_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from fusekit.errors import FusekitError
+    from fusekit.hw import load
+
+    with pytest.raises(FusekitError, match="gpu-local: expected a CUDA device"):
+        load("gpu-local")
+
+
+@pytest.mark.gpu
+def test_gpu_local_is_plausible(tmp_path):
+    """Bandwidth and bf16 FLOP/s within 2x of a plain copy and matmul timed here."""
+    from fusekit.hw.detect_gpu import detect_gpu
+
+    target = detect_gpu(refresh=True, cache_path=tmp_path / "gpu.json")
+    src = torch.ones(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def cuda_time_s(fn):
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 5e3
+
+    copy_bytes_per_s = 2 * src.numel() * 4 / cuda_time_s(lambda: dst.copy_(src))
+    bf16_flops_per_s = 2 * 4096**3 / cuda_time_s(lambda: a @ a)
+    assert 0.5 < target.mem_bw_bytes_per_s / copy_bytes_per_s < 2.0
+    assert 0.5 < target.peak("bf16") / bf16_flops_per_s < 2.0
+    assert target.sm_count == torch.cuda.get_device_properties(0).multi_processor_count
+    assert detect_gpu(cache_path=tmp_path / "gpu.json") == target  # cached

@@ -34,9 +34,11 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_every_preset_loads():
     names = preset_names()
-    assert {"cpu-local", "a100", "h100", "h200", "rtx3090", "edge", "cloud"} <= set(names)
+    assert {"cpu-local", "gpu-local", "a100", "h100", "h200", "rtx3090", "edge", "cloud"} <= set(
+        names
+    )
     for name in names:
-        if name != "cpu-local":
+        if name not in ("cpu-local", "gpu-local"):
             hw = load(name)
             assert hw.name == name
 

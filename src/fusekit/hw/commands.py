@@ -10,7 +10,7 @@ import typer
 from fusekit.console import binary_bytes, err_console, print_json, print_table, si
 from fusekit.hw.accel import Accelerator
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
-from fusekit.hw.load import LOCAL_CPU, Hardware, load, preset_names
+from fusekit.hw.load import LOCAL_CPU, LOCAL_GPU, Hardware, load, preset_names
 
 app = typer.Typer(
     help="Hardware descriptions: CPU/GPU targets and spatial accelerators.", no_args_is_help=True
@@ -120,8 +120,11 @@ def list_(as_json: JsonOption = False) -> None:
     """List the hardware presets."""
     rows = []
     for name in preset_names():
-        if name == LOCAL_CPU:
-            rows.append({"name": name, "kind": "cpu", "description": "this machine, measured"})
+        if name in (LOCAL_CPU, LOCAL_GPU):
+            kind = "cpu" if name == LOCAL_CPU else "gpu"
+            rows.append(
+                {"name": name, "kind": kind, "description": f"this machine's {kind}, measured"}
+            )
             continue
         hw = load(name)
         rows.append({"name": name, "kind": hw.kind, "description": hw.description})
@@ -141,8 +144,8 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one hardware description."""
-    if name.lower() == LOCAL_CPU:
-        with err_console.status("measuring this CPU (first time only)..."):
+    if name.lower() in (LOCAL_CPU, LOCAL_GPU):
+        with err_console.status(f"measuring {name.lower()} (first time only)..."):
             hw = load(name)
     else:
         hw = load(name)

@@ -26,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
-from fusekit.hw.cpu_gpu import CPUTarget
+from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+
+T = TypeVar("T", CPUTarget, GPUTarget)
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +179,10 @@ def _machine_key() -> dict[str, Any]:
     }
 
 
-def default_cache_path() -> Path:
-    """``$XDG_CACHE_HOME/fusekit/hw-detect.json`` (``~/.cache`` when the variable is unset)."""
+def default_cache_path(name: str = "hw-detect.json") -> Path:
+    """``$XDG_CACHE_HOME/fusekit/NAME`` (``~/.cache`` when the variable is unset)."""
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "fusekit" / "hw-detect.json"
+    return Path(root) / "fusekit" / name
 
 
 def _build(key: dict[str, Any], m: Measurements) -> CPUTarget:
@@ -204,7 +206,12 @@ def _build(key: dict[str, Any], m: Measurements) -> CPUTarget:
     )
 
 
-def _load_cached(path: Path, key: dict[str, Any]) -> CPUTarget | None:
+def load_cached(path: Path, key: dict[str, Any], cls: type[T]) -> T | None:
+    """The target cached at ``path`` if it was measured on the machine ``key`` describes.
+
+    A missing, unreadable, corrupt or foreign-version cache gives ``None`` (logged), never an
+    error: the caller measures again.
+    """
     if not path.exists():
         return None
     try:
@@ -215,13 +222,13 @@ def _load_cached(path: Path, key: dict[str, Any]) -> CPUTarget | None:
         fields = dict(blob["target"])
         fields.pop("kind", None)
         fields["peak_flops_per_s"] = MappingProxyType(dict(fields["peak_flops_per_s"]))
-        return CPUTarget(**fields)
+        return cls(**fields)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("ignoring unreadable hw-detect cache %s (%s); re-measuring", path, e)
         return None
 
 
-def _store(path: Path, key: dict[str, Any], target: CPUTarget) -> None:
+def store(path: Path, key: dict[str, Any], target: CPUTarget | GPUTarget) -> None:
     """Write the cache atomically: a temporary file in the same folder, then a rename."""
     blob = {"version": CACHE_VERSION, "key": key, "target": target.to_dict()}
     try:
@@ -247,11 +254,11 @@ def detect(refresh: bool = False, cache_path: Path | None = None) -> CPUTarget:
     path = cache_path or default_cache_path()
     key = _machine_key()
     if not refresh:
-        cached = _load_cached(path, key)
+        cached = load_cached(path, key, CPUTarget)
         if cached is not None:
             return cached
     measurements = measure()
     log.info("measured local CPU: %s", measurements)
     target = _build(key, measurements)
-    _store(path, key, target)
+    store(path, key, target)
     return target

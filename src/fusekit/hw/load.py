@@ -28,6 +28,8 @@ Hardware = CPUTarget | GPUTarget | Accelerator
 
 #: The name of the preset measured on this machine by :func:`fusekit.hw.detect.detect`.
 LOCAL_CPU = "cpu-local"
+#: The name of this machine's first CUDA GPU, measured by :func:`fusekit.hw.detect_gpu.detect_gpu`.
+LOCAL_GPU = "gpu-local"
 
 _UNITS = {
     "": 1,
@@ -294,19 +296,20 @@ def load_file(path: str | Path) -> Hardware:
 
 
 def preset_names() -> list[str]:
-    """Names accepted by :func:`load`: the YAML presets and ``cpu-local``."""
+    """Names accepted by :func:`load`: ``cpu-local``, ``gpu-local`` and the YAML presets."""
     folder = resources.files("fusekit.hw") / "presets"
     names = sorted(
         p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
     )
-    return [LOCAL_CPU, *names]
+    return [LOCAL_CPU, LOCAL_GPU, *names]
 
 
 def load(name_or_path: str | Path) -> Hardware:
     """Load a preset by name, the measured local CPU, or a YAML file.
 
     Args:
-        name_or_path: ``"cpu-local"`` (measured by :func:`fusekit.hw.detect.detect`, cached), a
+        name_or_path: ``"cpu-local"`` (measured by :func:`fusekit.hw.detect.detect`, cached),
+            ``"gpu-local"`` (the first CUDA device, measured and cached), a
             preset name such as ``"h200"`` or ``"edge"`` (case-insensitive), or a path to a
             ``.yaml`` file.
 
@@ -321,6 +324,10 @@ def load(name_or_path: str | Path) -> Hardware:
         from fusekit.hw.detect import detect
 
         return detect()
+    if text.lower() == LOCAL_GPU:
+        from fusekit.hw.detect_gpu import detect_gpu
+
+        return detect_gpu()
     preset = resources.files("fusekit.hw") / "presets" / f"{text.lower()}.yaml"
     if "/" not in text and not text.endswith((".yaml", ".yml")) and preset.is_file():
         with resources.as_file(preset) as file:

@@ -6,9 +6,15 @@ import numpy as np
 
 from fusekit.console import binary_bytes, si
 from fusekit.hw import Accelerator, CPUTarget, GPUTarget, detect, load, preset_names
-from fusekit.hw.load import LOCAL_CPU
+from fusekit.hw.load import LOCAL_CPU, LOCAL_GPU
 from fusekit.report.document import Figure, Section, Table
 from fusekit.report.tour import TourOptions
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _roofline_figure(targets: list[CPUTarget | GPUTarget]) -> Figure:
@@ -45,7 +51,7 @@ def build(options: TourOptions) -> Section:
     compute: list[CPUTarget | GPUTarget] = [local]
     accels: list[Accelerator] = []
     for name in preset_names():
-        if name == LOCAL_CPU:
+        if name == LOCAL_CPU or (name == LOCAL_GPU and not _has_cuda()):
             continue
         hw = load(name)
         if isinstance(hw, Accelerator):
