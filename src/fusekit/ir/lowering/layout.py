@@ -1,0 +1,169 @@
+"""Shape-only ops as layout maps: each output element reads one input element at affine indices.
+
+::
+
+    view [32,64] -> [2,16,64]     Y[i,j,k] = X[i*16 + j, k]
+    permute (0, 2, 1)             Y[i,j,k] = X[i,k,j]
+    expand [4,1] -> [4,8]         Y[i,j] = X[i,0]
+    slice dim 1, 8:16             Y[i,j] = X[i, j + 8]
+    select dim 0, 3               Y[i] = X[3, i]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fusekit.ir.lowering.base import (
+    Builder,
+    Out,
+    Unsupported,
+    V,
+    access,
+    bcast,
+    dim_of,
+    ivars,
+    reshape_terms,
+    rule,
+    variables,
+)
+from fusekit.ir.op import IBin, IConst, IndexTerm, IVar
+
+
+@rule(
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "flatten",
+    "unflatten",
+    "unsqueeze",
+    "squeeze",
+    "view_as",
+    "reshape_as",
+)
+def _reshape(b: Builder, o: Out, x: V, *args: Any) -> V:
+    if x.shape == o.shape:
+        return x
+    out_vars = variables(len(o.shape))
+    return b.emit(o.name, o.shape, o.dtype, access(x, reshape_terms(x.shape, o.shape, out_vars)))
+
+
+@rule("expand", "expand_as")
+def _expand(b: Builder, o: Out, x: V, *args: Any, **kwargs: Any) -> V:
+    if x.shape == o.shape:
+        return x
+    return b.emit(o.name, o.shape, o.dtype, bcast(x, variables(len(o.shape)), o.shape))
+
+
+def _permuted(b: Builder, o: Out, x: V, dims: Sequence[int]) -> V:
+    if list(dims) == list(range(x.rank)):
+        return x
+    out_vars = variables(x.rank)
+    terms: list[IndexTerm] = [IConst(0)] * x.rank
+    for d, src in enumerate(dims):
+        terms[dim_of(src, x.rank)] = IVar(out_vars[d])
+    return b.emit(o.name, o.shape, o.dtype, access(x, terms))
+
+
+@rule("permute")
+def _permute(b: Builder, o: Out, x: V, dims: Sequence[int]) -> V:
+    return _permuted(b, o, x, [dim_of(d, x.rank) for d in dims])
+
+
+@rule("transpose", "t")
+def _transpose(b: Builder, o: Out, x: V, d0: int = 0, d1: int = 1) -> V:
+    dims = list(range(x.rank))
+    if x.rank >= 2:
+        a, c = dim_of(d0, x.rank), dim_of(d1, x.rank)
+        dims[a], dims[c] = dims[c], dims[a]
+    return _permuted(b, o, x, dims)
+
+
+def _slice_term(var: str, start: int, step: int) -> IndexTerm:
+    term: IndexTerm = IVar(var) if step == 1 else IBin("*", IVar(var), IConst(step))
+    return term if start == 0 else IBin("+", term, IConst(start))
+
+
+def _sliced(
+    b: Builder,
+    name: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    x: V,
+    dim: int,
+    start: int,
+    step: int = 1,
+) -> V:
+    if shape == x.shape:
+        return x
+    out_vars = variables(x.rank)
+    terms = ivars(out_vars)
+    terms[dim] = _slice_term(out_vars[dim], start, step)
+    return b.emit(name, shape, dtype, access(x, terms))
+
+
+@rule("slice")
+def _slice(
+    b: Builder,
+    o: Out,
+    x: V,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
+    step: int = 1,
+) -> V:
+    dim = dim_of(dim, x.rank)
+    size = x.shape[dim]
+    first = 0 if start is None else (start + size if start < 0 else start)
+    first = max(0, min(first, size))
+    return _sliced(b, o.name, o.shape, o.dtype, x, dim, first, step)
+
+
+@rule("narrow")
+def _narrow(b: Builder, o: Out, x: V, dim: int, start: int, length: int) -> V:
+    dim = dim_of(dim, x.rank)
+    first = start + x.shape[dim] if start < 0 else start
+    return _sliced(b, o.name, o.shape, o.dtype, x, dim, first)
+
+
+@rule("select")
+def _select(b: Builder, o: Out, x: V, dim: int, index: int) -> V:
+    dim = dim_of(dim, x.rank)
+    out_vars = variables(x.rank - 1)
+    terms = ivars(out_vars)
+    terms.insert(dim, IConst(index + x.shape[dim] if index < 0 else index))
+    return b.emit(o.name, o.shape, o.dtype, access(x, terms))
+
+
+@rule("split", "split_with_sizes", "chunk", "unsafe_split", "tensor_split")
+def _split(b: Builder, o: Out, x: V, sizes: Any, dim: int = 0) -> tuple[V, ...]:
+    dim = dim_of(dim, x.rank)
+    pieces, offset = [], 0
+    for k, (shape, dtype) in enumerate(o.metas):
+        pieces.append(_sliced(b, f"{o.name}_{k}", shape, dtype, x, dim, offset))
+        offset += shape[dim]
+    if offset != x.shape[dim]:
+        raise Unsupported(f"split pieces covering {offset} of {x.shape[dim]}")
+    return tuple(pieces)
+
+
+@rule("unbind")
+def _unbind(b: Builder, o: Out, x: V, dim: int = 0) -> tuple[V, ...]:
+    dim = dim_of(dim, x.rank)
+    pieces = []
+    for k, (shape, dtype) in enumerate(o.metas):
+        terms = ivars(variables(x.rank - 1))
+        terms.insert(dim, IConst(k))
+        pieces.append(b.emit(f"{o.name}_{k}", shape, dtype, access(x, terms)))
+    return tuple(pieces)
+
+
+@rule("repeat")
+def _repeat(b: Builder, o: Out, x: V, repeats: Sequence[int]) -> V:
+    out_vars = variables(len(o.shape))
+    off = len(o.shape) - x.rank
+    terms: list[IndexTerm] = []
+    for d, size in enumerate(x.shape):
+        var = IVar(out_vars[off + d])
+        terms.append(var if repeats[off + d] == 1 else IBin("%", var, IConst(size)))
+    return b.emit(o.name, o.shape, o.dtype, access(x, terms))
