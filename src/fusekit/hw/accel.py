@@ -70,6 +70,7 @@ class Network:
         channel_bits: width of one channel.
         in_network_broadcast: routers can replicate a packet (multicast).
         in_network_reduction: routers can add packets on the way.
+        hop_pj_per_byte: energy of moving one byte over one hop (router plus link).
     """
 
     topology: Literal["mesh", "torus", "ring"]
@@ -78,6 +79,7 @@ class Network:
     channel_bits: int
     in_network_broadcast: bool
     in_network_reduction: bool
+    hop_pj_per_byte: float
 
 
 @dataclass(frozen=True, slots=True)

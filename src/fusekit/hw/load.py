@@ -160,6 +160,7 @@ class _NetworkSchema(_Schema):
     channel_bits: PositiveInt
     in_network_broadcast: bool
     in_network_reduction: bool
+    hop_pj_per_byte: Positive
 
 
 class _EnergySchema(_Schema):

@@ -1,0 +1,127 @@
+"""Fused against unfused compound ops on the COMET accelerators, and the mapper's throughput.
+
+For GEMM-Softmax, GEMM-LayerNorm and self-attention at the issue's shapes, on ``edge`` and
+``cloud``, the mapper searches every fusion level and reports the best fused mapping (at the
+global buffer or in the cluster) against the best unfused one. The unfused baseline: every
+intermediate is written to DRAM and read back by the next op, ops run one after another (no
+pipelining across ops; within an op, tiles are double-buffered as in the fused case), and the
+same space of tilings and partitions is searched. Latency speedup compares the best-latency
+mappings; the energy ratio compares the best-energy mappings.
+
+Throughput: the cost model alone over every valid GEMM-Softmax mapping (one process), and each
+search's candidates per second per worker (enumeration, validation, pruning and evaluation).
+
+Run: ``.venv/bin/python benchmarks/accel.py`` -> ``benchmarks/results/accel.json``.
+Every column is defined in ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from fusekit.accel import Fusion, attention, evaluate, explore, gemm_layernorm, gemm_softmax
+from fusekit.accel.candidates import enumerate_mappings
+from fusekit.hw import Accelerator, load
+from fusekit.report.records import run_metadata, write_results
+from fusekit.search import LocalExecutor
+
+CASES = {
+    "edge": [(256, 256, 128), (1024, 1024, 256), (1, 1024, 128)],
+    "cloud": [(256, 256, 512), (2048, 2048, 256), (1, 4096, 512), (1024, 1024, 512)],
+}
+PROBLEMS = {"gemm_softmax": gemm_softmax, "gemm_layernorm": gemm_layernorm, "attention": attention}
+#: The published "up to" speedups over unfused (COMET abstract), for comparison only.
+COMET_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46, "attention": 1.82}
+
+
+def model_throughput(hw: Accelerator, shape: tuple[int, int, int], repeats: int) -> dict:
+    """Cost-model evaluations per second on one core over every valid mapping."""
+    problem = gemm_softmax(*shape)
+    mappings = list(enumerate_mappings(problem, hw))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for m in mappings:
+            evaluate(problem, hw, m)
+        best = min(best, time.perf_counter() - start)
+    return {
+        "study": "throughput",
+        "hw": hw.name,
+        "problem": "gemm_softmax",
+        "M,N,K": ",".join(map(str, shape)),
+        "mappings": len(mappings),
+        "wall_s": best,
+        "evaluated_per_s_per_core": len(mappings) / best,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "accel.json"
+    )
+    args = parser.parse_args()
+
+    records = []
+    edge = load("edge")
+    assert isinstance(edge, Accelerator)
+    records.append(model_throughput(edge, (1024, 1024, 256), args.repeats))
+    print(f"model: {records[0]['evaluated_per_s_per_core']:,.0f} mappings/s/core")
+    with LocalExecutor(args.workers) as ex:
+        for hw_name, shapes in CASES.items():
+            hw = load(hw_name)
+            assert isinstance(hw, Accelerator)
+            for shape in shapes:
+                for name, make in PROBLEMS.items():
+                    problem = make(*shape)
+                    r = explore(problem, hw, ex, prune="pareto")
+                    per = r.best_by_fusion
+                    unfused = per[Fusion.UNFUSED]
+                    fused_levels = [per[f] for f in per if f is not Fusion.UNFUSED]
+                    fused_lat = min(
+                        (p["latency"] for p in fused_levels), key=lambda s: s.score("latency")
+                    )
+                    fused_e = min(
+                        (p["energy"] for p in fused_levels), key=lambda s: s.score("energy")
+                    )
+                    rec = {
+                        "study": "fused_vs_unfused",
+                        "hw": hw_name,
+                        "problem": name,
+                        "M,N,K": ",".join(map(str, shape)),
+                        "fused_cycles": fused_lat.latency_cycles,
+                        "unfused_cycles": unfused["latency"].latency_cycles,
+                        "speedup": unfused["latency"].latency_cycles / fused_lat.latency_cycles,
+                        "comet_up_to": COMET_UP_TO[name],
+                        "fused_energy_pj": fused_e.energy_pj,
+                        "unfused_energy_pj": unfused["energy"].energy_pj,
+                        "energy_ratio": unfused["energy"].energy_pj / fused_e.energy_pj,
+                        "fused_mapping": fused_lat.mapping.label(),
+                        "unfused_mapping": unfused["latency"].mapping.label(),
+                        "candidates": r.candidates,
+                        "evaluated": r.evaluated,
+                        "wall_s": r.wall_s,
+                        "candidates_per_s_per_core": r.candidates / r.wall_s / r.workers,
+                    }
+                    records.append(rec)
+                    print(
+                        f"{hw_name:>5} {name:>14} {rec['M,N,K']:>14}  speedup "
+                        f"{rec['speedup']:5.2f}x (COMET up to {rec['comet_up_to']}x)  energy "
+                        f"{rec['energy_ratio']:5.2f}x  {r.candidates:>6} mappings "
+                        f"{rec['candidates_per_s_per_core']:>8,.0f}/s/core  {rec['fused_mapping']}"
+                    )
+    meta = {
+        **run_metadata({"edge": edge.to_dict(), "cloud": load("cloud").to_dict()}),
+        "plot": {"x": "M,N,K", "y": "speedup", "hue": "problem"},
+        "baseline": "unfused: intermediates through DRAM, no pipelining across ops, same tiling",
+    }
+    path = write_results(args.out, records, meta)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""``fusekit accel``: explore the mappings of a compound op, or evaluate one mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fusekit.console import print_json, print_table, progress
+
+app = typer.Typer(
+    help="Compound ops (GEMM-Softmax, GEMM-LayerNorm, attention) on multi-cluster accelerators: "
+    "latency, energy, collectives and a mapping explorer.",
+    no_args_is_help=True,
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _breakdown_rows(b: Any) -> list[tuple[Any, ...]]:
+    return [(o.name, o.kind, o.cycles, o.energy_pj / 1e6, o.dram_words) for o in b.ops]
+
+
+def _breakdown_json(b: Any) -> dict[str, Any]:
+    return {
+        "latency_cycles": b.latency_cycles,
+        "energy_pj": b.energy_pj,
+        "dram_words": b.dram_words,
+        "energy_by_part_pj": dict(b.energy_by_part_pj),
+        "ops": [
+            {
+                "name": o.name,
+                "kind": o.kind,
+                "cycles": o.cycles,
+                "energy_pj": o.energy_pj,
+                "dram_words": o.dram_words,
+            }
+            for o in b.ops
+        ],
+    }
+
+
+def _pareto_plot(path: Path, pareto: Any, best: Any, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for fusion, marker in (("unfused", "o"), ("fused_gb", "s"), ("fused_cluster", "^")):
+        pts = [s for s in pareto if s.mapping.fusion.value == fusion]
+        ax.scatter(
+            [s.latency_cycles for s in pts], [s.energy_pj / 1e6 for s in pts], marker=marker,
+            label=fusion,
+        )  # fmt: skip
+    ax.set_xlabel("latency (cycles)")
+    ax.set_ylabel("energy (uJ)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+@app.command()
+def explore(
+    problem: Annotated[
+        str, typer.Argument(help="gemm, gemm_softmax, gemm_layernorm, attention, or a YAML file.")
+    ] = "gemm_softmax",
+    hw: Annotated[str, typer.Option(help="Accelerator preset or YAML file.")] = "edge",
+    m: Annotated[int, typer.Option("-M", help="Rows (queries).")] = 256,
+    n: Annotated[int, typer.Option("-N", help="Columns (keys).")] = 256,
+    k: Annotated[int, typer.Option("-K", help="Contraction (head dim).")] = 128,
+    objective: Annotated[str, typer.Option(help="latency, energy or edp.")] = "latency",
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    top: Annotated[int, typer.Option(help="Rows of the Pareto table.")] = 10,
+    plot: Annotated[Path | None, typer.Option(help="Write the Pareto plot (PNG) here.")] = None,
+    json: JsonOption = False,
+) -> None:
+    """Search the mapping space; print the Pareto front and the best mapping's breakdown."""
+    from rich.progress import TaskID
+
+    from fusekit.accel.mapping import Fusion
+    from fusekit.accel.model import evaluate
+    from fusekit.accel.problem import KINDS, load_problem
+    from fusekit.accel.search import OBJECTIVES
+    from fusekit.accel.search import explore as run_explore
+    from fusekit.hw import Accelerator, load
+    from fusekit.search import LocalExecutor
+
+    if objective not in OBJECTIVES:
+        raise ValueError(f"accel explore: expected '--objective' in {OBJECTIVES} (got {objective})")
+    spec = KINDS[problem](m, n, k) if problem in KINDS else load_problem(problem)
+    target = load(hw)
+    if not isinstance(target, Accelerator):
+        raise ValueError(f"accel explore: expected '--hw' to be an accelerator (got {target.kind})")
+    with LocalExecutor(workers) as ex, progress("accel explore", total=1) as bar:
+        result = run_explore(
+            spec,
+            target,
+            ex,
+            on_chunk=lambda d, t: bar.update(TaskID(0), completed=d, total=t),
+        )
+    best = result.best[objective]
+    breakdown = evaluate(spec, target, best.mapping)
+    by_fusion = {
+        f.value: {"latency_cycles": s["latency"].latency_cycles, "energy_pj": s["energy"].energy_pj}
+        for f, s in result.best_by_fusion.items()
+    }
+    if plot is not None:
+        _pareto_plot(plot, result.pareto, best, f"{spec.name} on {target.name}")
+    if json:
+        print_json(
+            {
+                "problem": spec.name,
+                "extents": dict(spec.extents),
+                "hw": target.name,
+                "candidates": result.candidates,
+                "evaluated": result.evaluated,
+                "wall_s": result.wall_s,
+                "best": {"mapping": best.mapping.label(), **_breakdown_json(breakdown)},
+                "best_by_fusion": by_fusion,
+                "pareto": [
+                    {
+                        "mapping": s.mapping.label(),
+                        "latency_cycles": s.latency_cycles,
+                        "energy_pj": s.energy_pj,
+                    }
+                    for s in result.pareto
+                ],
+            }
+        )
+        return
+    print_table(
+        f"Pareto front: {spec.name} {dict(spec.extents)} on {target.name} "
+        f"({result.candidates} mappings, {result.evaluated} evaluated, {result.wall_s:.2f} s)",
+        ("mapping", "latency (cycles)", "energy (uJ)"),
+        [(s.mapping.label(), s.latency_cycles, s.energy_pj / 1e6) for s in result.pareto[:top]],
+    )
+    unfused = result.best_by_fusion.get(Fusion.UNFUSED)
+    rows = [
+        (f.value, s["latency"].latency_cycles, s["energy"].energy_pj / 1e6,
+         unfused["latency"].latency_cycles / s["latency"].latency_cycles if unfused else "-")
+        for f, s in result.best_by_fusion.items()
+    ]  # fmt: skip
+    print_table(
+        "Best per fusion level (unfused: intermediates through DRAM, no pipelining across ops, "
+        "same tiling)",
+        ("fusion", "best latency", "best energy (uJ)", "speedup vs unfused"),
+        rows,
+    )
+    print_table(
+        f"Breakdown of the best by {objective}: {best.mapping.label()}",
+        ("op / collective", "kind", "cycles", "energy (uJ)", "DRAM words"),
+        _breakdown_rows(breakdown),
+    )
+
+
+@app.command("eval")
+def eval_(
+    mapping: Annotated[Path, typer.Argument(help="YAML with problem, accelerator and mapping.")],
+    json: JsonOption = False,
+) -> None:
+    """Evaluate one mapping tree: latency and energy per op and per collective."""
+    from fusekit.accel.mapping import from_tree, load_mapping_file
+    from fusekit.accel.model import evaluate
+    from fusekit.accel.problem import problem_from_dict
+    from fusekit.errors import ConfigError
+    from fusekit.hw import Accelerator, load
+
+    data, tree = load_mapping_file(mapping)
+    spec = problem_from_dict(data["problem"], f"{mapping}: problem")
+    target = load(data.get("accelerator", "edge"))
+    if not isinstance(target, Accelerator):
+        raise ConfigError(str(mapping), "accelerator", f"expected an accelerator ({target.kind})")
+    flat = from_tree(spec, tree, target)
+    b = evaluate(spec, target, flat)
+    if json:
+        print_json({"mapping": flat.label(), **_breakdown_json(b)})
+        return
+    print_table(
+        f"{spec.name} on {target.name}: {flat.label()} -- {b.latency_cycles:,.0f} cycles, "
+        f"{b.energy_pj / 1e6:,.3f} uJ",
+        ("op / collective", "kind", "cycles", "energy (uJ)", "DRAM words"),
+        _breakdown_rows(b),
+    )
+    print_table("Energy by part", ("part", "energy (uJ)"),
+                [(k, v / 1e6) for k, v in b.energy_by_part_pj.items()])  # fmt: skip

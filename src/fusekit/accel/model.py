@@ -1,0 +1,344 @@
+"""Latency and energy of a compound op mapped onto a multi-cluster accelerator.
+
+The model follows COMET (arXiv 2509.00599, Sec. IV, "latency and energy models"): a mapping
+partitions the first GEMM's output rows and columns over ``sr x sc`` clusters and walks row
+blocks of ``tr`` rows per cluster; every op of the chain runs on each row block, GEMMs on the
+systolic arrays and the rest on the SIMD unit, with explicit collectives where a reduction or a
+contraction crosses the clusters that share a row block.
+
+Per row-block step, on each cluster:
+
+* GEMM cycles (ScaleSim form, Samajdar et al. 2020): ``folds * (2 R + C + T - 2)`` with
+  ``R x C`` PEs per array, ``T`` streamed rows and ``folds = ceil(ceil(k/R) ceil(c/C) / arrays)``,
+  once per column tile and contraction tile;
+* SIMD cycles: ``sum over lane-ops of ceil(points / width) * cycles(op)``;
+* collective cycles from :mod:`fusekit.accel.collectives` (on the SIMD chain's critical path:
+  the next op depends on the reduced value, so they stall it);
+* DRAM cycles: words moved by all clusters / DRAM words per cycle.
+
+A *pipeline* binding overlaps the resources across steps: ramp-up and ramp-down give
+``latency = sum(stage) + (steps - 1) * max(stage)``; a *sequential* binding gives
+``steps * sum(stage)``. Unfused, each op is its own pass (intermediates written to and read back
+from DRAM, no pipelining across ops, the same tiling and partition); fused, the intermediates stay
+in the global buffer (``fused_gb``) or the output buffer (``fused_cluster``) and only the problem
+inputs and the final output touch DRAM.
+
+Energy: ``sum(accesses x energy per access)`` over DRAM, global, input, weight and output
+buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x hop_pj_per_byte``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping as TMapping
+from dataclasses import dataclass, field
+
+from fusekit.accel.collectives import (
+    CollectiveCost,
+    CollectiveKind,
+    Group,
+    collective_cost,
+    group_on_mesh,
+)
+from fusekit.accel.mapping import Fusion, Mapping
+from fusekit.accel.problem import Problem, Stage
+from fusekit.hw import Accelerator
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One op's (or collective's) share: cycles on its resource, energy and DRAM words."""
+
+    name: str
+    kind: str
+    cycles: float
+    energy_pj: float
+    dram_words: float
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """The cost of one mapping.
+
+    Attributes:
+        latency_cycles: end-to-end cycles.
+        energy_pj: total energy.
+        dram_words: words read from and written to DRAM.
+        energy_by_part_pj: dram, global, buffers (input+weight+output), mac, simd, network.
+        ops: per op and per collective, summed over steps.
+    """
+
+    latency_cycles: float
+    energy_pj: float
+    dram_words: float
+    energy_by_part_pj: TMapping[str, float]
+    ops: tuple[OpCost, ...] = field(default=())
+
+    @property
+    def edp(self) -> float:
+        """Energy-delay product (pJ x cycles)."""
+        return self.energy_pj * self.latency_cycles
+
+    def explain(self) -> str:
+        """A few lines for people: totals, energy by part, then each op."""
+        lines = [
+            f"latency {self.latency_cycles:,.0f} cycles, energy {self.energy_pj / 1e6:,.3f} uJ, "
+            f"DRAM {self.dram_words:,.0f} words",
+            "energy: "
+            + ", ".join(f"{k} {v / 1e6:.3f} uJ" for k, v in self.energy_by_part_pj.items()),
+        ]
+        lines += [
+            f"  {o.name:<18} {o.kind:<14} {o.cycles:>12,.0f} cycles {o.energy_pj / 1e6:>9.3f} uJ"
+            for o in self.ops
+        ]
+        return "\n".join(lines)
+
+
+def systolic_cycles(rows_streamed: int, k: int, c: int, hw: Accelerator) -> int:
+    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays."""
+    s = hw.systolic
+    folds = math.ceil(k / s.pe_rows) * math.ceil(c / s.pe_cols)
+    per_array = math.ceil(folds / (s.grid_rows * s.grid_cols))
+    return per_array * (2 * s.pe_rows + s.pe_cols + rows_streamed - 2)
+
+
+def simd_cycles(stage: Stage, points: int, out_points: int, hw: Accelerator) -> int:
+    """SIMD cycles of one stage over ``points`` iteration points on one cluster."""
+    lanes = hw.simd_width
+    body = sum(n * math.ceil(points / lanes) * hw.simd_cycles(op) for op, n in stage.simd_ops)
+    tail = sum(
+        n * math.ceil(out_points / lanes) * hw.simd_cycles(op) for op, n in stage.per_out_ops
+    )
+    return body + tail
+
+
+def simd_energy_pj(stage: Stage, points: int, out_points: int, hw: Accelerator) -> float:
+    """SIMD lane-op energy of one stage."""
+    body = sum(n * points * hw.simd_energy_pj(op) for op, n in stage.simd_ops)
+    return body + sum(n * out_points * hw.simd_energy_pj(op) for op, n in stage.per_out_ops)
+
+
+@dataclass(frozen=True, slots=True)
+class _StageRates:
+    """Per-stage constants: SIMD cycles per vector and energy per point, by body and output."""
+
+    body_cycles: int
+    out_cycles: int
+    body_pj: float
+    out_pj: float
+
+
+_RATES: dict[tuple[object, ...], tuple[Problem, Accelerator, tuple[_StageRates, ...]]] = {}
+
+
+def _rates(problem: Problem, hw: Accelerator) -> tuple[_StageRates, ...]:
+    """SIMD constants of every stage, cached per (problem, accelerator) object."""
+    key = (id(problem), id(hw))
+    hit = _RATES.get(key)
+    if hit is not None and hit[0] is problem and hit[1] is hw:
+        return hit[2]
+    rates = tuple(
+        _StageRates(
+            sum(n * hw.simd_cycles(op) for op, n in st.simd_ops),
+            sum(n * hw.simd_cycles(op) for op, n in st.per_out_ops),
+            sum(n * hw.simd_energy_pj(op) for op, n in st.simd_ops),
+            sum(n * hw.simd_energy_pj(op) for op, n in st.per_out_ops),
+        )
+        for st in problem.stages
+    )
+    if len(_RATES) > 64:
+        _RATES.clear()
+    _RATES[key] = (problem, hw, rates)
+    return rates
+
+
+def pipelined(stages: list[float], steps: int, pipeline: bool) -> float:
+    """Latency of ``steps`` steps through ``stages``: with ramp-up/down, or one after another."""
+    if pipeline:
+        return sum(stages) + (steps - 1) * max(stages)
+    return steps * sum(stages)
+
+
+def _extent(problem: Problem, m: Mapping, var: str) -> int:
+    """Per-cluster extent of ``var`` within one row block (the rows are ``tile_row``)."""
+    if var == problem.row:
+        return m.tile_row
+    if var == problem.col:
+        return problem.extents[var] // m.spatial_col
+    return problem.extents[var]
+
+
+def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
+    """Latency and energy of ``problem`` on ``hw`` under mapping ``m`` (see the module docstring).
+
+    Args:
+        problem: the compound op.
+        hw: the accelerator.
+        m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
+
+    Returns:
+        The breakdown.
+    """
+    wb = hw.word_bytes
+    dram, gb, ob = hw.level("dram"), hw.level("global"), hw.level("output")
+    ib, wbuf = hw.level("input"), hw.level("weight")
+    dram_wpc = (dram.bw_bytes_per_cycle or math.inf) / wb
+    clusters = m.spatial_row * m.spatial_col
+    steps = problem.extents[problem.row] // (m.spatial_row * m.tile_row)
+    row_group = group_on_mesh(m.spatial_col, hw.mesh_rows, hw.mesh_cols)
+    fused = m.fusion is not Fusion.UNFUSED
+    # where intermediates and SIMD operands live: output buffer, or global buffer
+    near = ob if m.fusion is Fusion.FUSED_CLUSTER else gb
+    ops: list[OpCost] = []
+    parts = dict.fromkeys(("dram", "global", "buffers", "mac", "simd", "network"), 0.0)
+    lat_stage = {"dram": 0.0, "systolic": 0.0, "simd": 0.0}  # per step, fused
+    unfused_cycles = 0.0
+    rates = _rates(problem, hw)
+    lanes = hw.simd_width
+    for i, st in enumerate(problem.stages):
+        ext = {v: _extent(problem, m, v) for v in st.vars}
+        points = math.prod(ext.values())  # per cluster per step
+        out_points = math.prod(ext[v] for v in st.out_vars)
+        reads_in = [t for t in st.inputs if t in problem.inputs or not fused]
+        writes_out = st.out == problem.output or not fused
+        out_words = clusters * out_points * steps
+        dram_words = float(out_words if writes_out else 0)
+        coll: CollectiveKind | None = None
+        if st.kind == "gemm":
+            kvar = st.reduced_vars[0]
+            cvar = next(v for v in st.out_vars if v != problem.row)
+            ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
+            kt = m.tile_red if i == 0 else ext[kvar]
+            tiles = clusters * steps * (ext[cvar] // ct) * (ext[kvar] // kt)
+            cyc = (ext[cvar] // ct) * (ext[kvar] // kt) * systolic_cycles(m.tile_row, kt, ct, hw)
+            dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
+            # GB -> IB/WB once per tile; A re-read per weight-buffer chunk of B columns
+            wb_words = wbuf.size_bytes // wb // (2 if wbuf.double_buffered else 1)
+            chunk = max(1, min(ct, wb_words // kt))
+            a_words = tiles * m.tile_row * kt * math.ceil(ct / chunk)
+            b_words = tiles * kt * ct
+            ob_updates = tiles * m.tile_row * ct * math.ceil(kt / hw.systolic.pe_rows)
+            col_span = hw.systolic.pe_cols * hw.systolic.grid_cols
+            to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
+            e = {
+                "mac": clusters * steps * points * hw.mac_pj,
+                "global": (a_words + b_words) * gb.read_pj
+                + (dram_words - out_words * writes_out) * gb.write_pj
+                + out_words * to_gb * gb.write_pj
+                + out_words * writes_out * gb.read_pj,
+                "buffers": a_words * (ib.write_pj + math.ceil(chunk / col_span) * ib.read_pj)
+                + b_words * (wbuf.write_pj + wbuf.read_pj)
+                + ob_updates * (ob.write_pj + ob.read_pj),
+            }
+            resource = "systolic"
+            if kvar == problem.col and m.spatial_col > 1:
+                coll = CollectiveKind.REDUCE_SCATTER  # partial sums over the split columns
+        else:
+            r = rates[i]  # = simd_cycles(st, points, out_points, hw), precomputed per stage
+            cyc = -(-points // lanes) * r.body_cycles + -(-out_points // lanes) * r.out_cycles
+            dram_words += sum(problem.size(t) for t in reads_in)
+            # SIMD operands: every input point read from the near level, the output written
+            in_words = clusters * steps * sum(_points_of(problem, m, t) for t in st.inputs)
+            lvl = near if fused else gb
+            near_e = in_words * lvl.read_pj + out_words * lvl.write_pj
+            e = {
+                "simd": clusters * steps * (points * r.body_pj + out_points * r.out_pj),
+                "global" if lvl is gb else "buffers": near_e,
+            }
+            e["global"] = e.get("global", 0.0) + dram_words * gb.write_pj  # DRAM <-> GB staging
+            resource = "simd"
+            if problem.col in st.reduced_vars and m.spatial_col > 1:
+                coll = CollectiveKind.ALL_REDUCE
+        e["dram"] = dram_words * dram.read_pj
+        for part, pj in e.items():
+            parts[part] += pj
+        ops.append(OpCost(st.out, st.kind, cyc * steps, sum(e.values()), dram_words))
+        coll_step = 0.0
+        if coll is not None:
+            c = _collective(st, coll, out_points * wb, row_group, hw, m, steps)
+            ops.append(c)
+            parts["network"] += c.energy_pj
+            coll_step = c.cycles / steps
+        if fused:  # the next op waits for the collective: it stalls the op's resource
+            lat_stage[resource] += cyc + coll_step
+            lat_stage["dram"] += dram_words / steps / dram_wpc
+        else:
+            dram_step = dram_words / steps / dram_wpc
+            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, m.pipeline)
+    latency = pipelined(list(lat_stage.values()), steps, m.pipeline) if fused else unfused_cycles
+    return Breakdown(
+        latency_cycles=latency,
+        energy_pj=sum(parts.values()),
+        dram_words=sum(o.dram_words for o in ops),
+        energy_by_part_pj=parts,
+        ops=tuple(ops),
+    )
+
+
+def _points_of(problem: Problem, m: Mapping, tensor: str) -> int:
+    """Per-cluster words of ``tensor`` within one row block."""
+    return math.prod(_extent(problem, m, v) for v in problem.tensors[tensor])
+
+
+_COLLECTIVES: dict[tuple[object, ...], CollectiveCost] = {}
+
+
+def _collective(
+    st: Stage,
+    kind: CollectiveKind,
+    n_bytes: float,
+    group: Group,
+    hw: Accelerator,
+    m: Mapping,
+    steps: int,
+) -> OpCost:
+    key = (kind, n_bytes, group, m.collective, hw.network)
+    if len(_COLLECTIVES) > 4096:
+        _COLLECTIVES.clear()
+    cost = _COLLECTIVES.get(key)
+    if cost is None:
+        cost = collective_cost(kind, n_bytes, group, hw.network, m.collective)
+        _COLLECTIVES[key] = cost
+    n_groups = m.spatial_row
+    energy = steps * n_groups * cost.byte_hops * hw.network.hop_pj_per_byte
+    name = f"{st.out}.{kind.value}({st.reduce_op or 'sum'})"
+    return OpCost(name, kind.value, steps * cost.cycles, energy, 0.0)
+
+
+def _dram_fills(
+    problem: Problem, m: Mapping, st: Stage, tensor: str, ct: int, kt: int, steps: int
+) -> float:
+    """DRAM words read for a GEMM input: Timeloop fills with the spatial loops multicast.
+
+    Equal to :func:`fusekit.accel.nest.fills` for plain 2-D tensors (no sliding windows): the
+    chip-level tile times every loop factor from the outermost loop down to the innermost loop
+    that indexes the tensor (tests/accel/test_model.py checks the two agree).
+    """
+    row, col = problem.row, problem.col
+    tvars = problem.tensors[tensor]
+    tile = 1
+    for v in tvars:
+        tile *= problem.extents[v]
+    if row in tvars:
+        tile = tile // problem.extents[row] * m.tile_row * m.spatial_row
+    if st is not problem.stages[0]:
+        return float(tile * steps) if row in tvars else float(tile)
+    kvar = st.reduced_vars[0]
+    factors = {
+        row: steps,
+        col: problem.extents[col] // (ct * m.spatial_col),
+        kvar: problem.extents[kvar] // kt,
+    }
+    if col in tvars:
+        tile = tile // problem.extents[col] * ct * m.spatial_col
+    if kvar in tvars:
+        tile = tile // problem.extents[kvar] * kt
+    words = tile
+    reuse = 1
+    for v in m.order:  # outermost first
+        f = factors[v]
+        if f > 1:
+            reuse *= f
+            if v in tvars:
+                words = tile * reuse
+    return float(words)

@@ -1,0 +1,275 @@
+"""The mapper: enumerate mappings, prune by a lower bound, evaluate in parallel, keep the best.
+
+Work is split into chunks of candidates and run through a :class:`fusekit.search.Executor`. In
+each chunk and for each fusion level, a candidate whose lower bound (latency and energy) is
+dominated by a mapping already evaluated is skipped: it can be neither on the Pareto front nor
+the best by latency, energy or energy-delay product. The bound depends only on the fusion level
+and the number of clusters used::
+
+    latency >= max(MACs / (clusters * MACs per cluster-cycle),
+                   SIMD lane-op cycles / (clusters * SIMD width),
+                   W_min / DRAM words per cycle)
+    energy  >= MACs * e_MAC + SIMD lane-op energy + W_min * (e_DRAM + min(e_GB read, write))
+               + one pass of every GEMM operand through the global, input/weight, output buffers
+
+with ``W_min`` the problem inputs and output (plus every intermediate written and read back once
+when unfused). The fronts of the chunks are merged at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from fusekit.accel.candidates import enumerate_mappings
+from fusekit.accel.mapping import Fusion, Mapping
+from fusekit.accel.model import _rates, evaluate
+from fusekit.accel.problem import Problem, make_problem
+from fusekit.hw import Accelerator
+from fusekit.search import Executor, SerialExecutor
+
+log = logging.getLogger(__name__)
+
+Objective = Literal["latency", "energy", "edp"]
+OBJECTIVES: tuple[Objective, ...] = ("latency", "energy", "edp")
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A mapping with its cost."""
+
+    mapping: Mapping
+    latency_cycles: float
+    energy_pj: float
+
+    @property
+    def edp(self) -> float:
+        """Energy-delay product."""
+        return self.latency_cycles * self.energy_pj
+
+    def score(self, objective: Objective) -> tuple[float, float]:
+        """The value ``objective`` minimises, then the tie-break (the other of the two)."""
+        if objective == "latency":
+            return self.latency_cycles, self.energy_pj
+        if objective == "energy":
+            return self.energy_pj, self.latency_cycles
+        return self.edp, self.latency_cycles
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """What the mapper found.
+
+    Attributes:
+        best: objective -> best mapping over every fusion level.
+        best_by_fusion: fusion level -> objective -> best mapping of that level.
+        pareto: the latency-energy Pareto front, by latency.
+        candidates: valid mappings enumerated.
+        evaluated: mappings the cost model evaluated (the rest were pruned).
+        wall_s: wall-clock seconds of the search.
+        workers: executor workers.
+    """
+
+    best: dict[Objective, Scored]
+    best_by_fusion: dict[Fusion, dict[Objective, Scored]]
+    pareto: tuple[Scored, ...]
+    candidates: int
+    evaluated: int
+    wall_s: float
+    workers: int
+
+    @property
+    def evaluated_per_s_per_worker(self) -> float:
+        """Cost-model evaluations per second per worker."""
+        return self.evaluated / self.wall_s / self.workers if self.wall_s > 0 else math.inf
+
+
+def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, float]:
+    """``(latency_cycles, energy_pj)`` no evaluation of ``m`` can beat (module docstring)."""
+    clusters = m.spatial_row * m.spatial_col
+    words = sum(problem.size(t) for t in problem.inputs) + problem.size(problem.output)
+    if m.fusion is Fusion.UNFUSED:
+        words += 2 * sum(problem.size(t) for t in problem.intermediates)
+    dram = hw.level("dram")
+    dram_wpc = (dram.bw_bytes_per_cycle or math.inf) / hw.word_bytes
+    macs = problem.macs
+    rates = _rates(problem, hw)
+    simd_pj = simd_cycles = 0.0
+    for st, r in zip(problem.stages, rates, strict=True):
+        if st.kind == "simd":
+            points = math.prod(problem.extents[v] for v in st.vars)
+            out = math.prod(problem.extents[v] for v in st.out_vars)
+            simd_pj += points * r.body_pj + out * r.out_pj
+            simd_cycles += (points * r.body_cycles + out * r.out_cycles) / hw.simd_width / clusters
+    gemm_cycles = macs / (clusters * hw.systolic.macs_per_cycle)
+    latency = max(gemm_cycles, simd_cycles, words / dram_wpc)
+    gb, ib, wb, ob = (hw.level(n) for n in ("global", "input", "weight", "output"))
+    staged_pj = words * (dram.read_pj + min(gb.read_pj, gb.write_pj))  # DRAM <-> GB once
+    gemm_pj = 0.0
+    for st in problem.stages:
+        if st.kind == "gemm":  # operands leave the GB and pass the buffers at least once
+            a, b = (problem.size(t) for t in st.inputs)
+            out = problem.size(st.out)
+            gemm_pj += (a + b) * gb.read_pj + a * ib.write_pj + b * (wb.write_pj + wb.read_pj)
+            gemm_pj += out * (ob.write_pj + ob.read_pj)
+    return latency, macs * hw.mac_pj + simd_pj + staged_pj + gemm_pj
+
+
+def pareto_front(points: Sequence[Scored]) -> tuple[Scored, ...]:
+    """The points no other point beats in both latency and energy, by latency."""
+    front: list[Scored] = []
+    for p in sorted(points, key=lambda s: (s.latency_cycles, s.energy_pj)):
+        if not front or p.energy_pj < front[-1].energy_pj:
+            front.append(p)
+    return tuple(front)
+
+
+ProblemSpec = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...]]
+
+
+def problem_spec(problem: Problem) -> ProblemSpec:
+    """A small picklable key that rebuilds ``problem`` (see :func:`make_problem`)."""
+    from fusekit.ir import format_op
+
+    ops = tuple(format_op(s.op) for s in problem.stages)
+    return problem.name, ops, tuple(problem.extents.items())
+
+
+@lru_cache(maxsize=16)
+def _problem(spec: ProblemSpec) -> Problem:
+    return make_problem(spec[0], spec[1], dict(spec[2]))
+
+
+def picklable(hw: Accelerator) -> Accelerator:
+    """``hw`` with plain-dict tables, so that it can be sent to worker processes."""
+    return dataclasses.replace(
+        hw, simd_op_pj=dict(hw.simd_op_pj), simd_op_cycles=dict(hw.simd_op_cycles)
+    )
+
+
+ChunkResult = tuple[list[Scored], dict[Fusion, dict[Objective, Scored]], int]
+
+
+def evaluate_chunk(
+    item: tuple[ProblemSpec, Accelerator, list[Mapping], Objective | Literal["pareto"] | None],
+) -> ChunkResult:
+    """Evaluate one chunk with lower-bound pruning (a worker's job).
+
+    Returns:
+        The chunk's fronts (all fusion levels), its best per fusion level and objective, and
+        how many mappings were evaluated.
+    """
+    spec, hw, mappings, prune = item
+    problem = _problem(spec)
+    fronts: dict[Fusion, list[Scored]] = {}
+    best: dict[Fusion, dict[Objective, Scored]] = {}
+    evaluated = 0
+    bounds: dict[tuple[Fusion, int], tuple[float, float]] = {}
+    for m in mappings:
+        front = fronts.setdefault(m.fusion, [])
+        mine = best.setdefault(m.fusion, {})
+        if prune and front:
+            key = (m.fusion, m.spatial_row * m.spatial_col)  # all the bound depends on
+            if key not in bounds:
+                bounds[key] = lower_bound(problem, hw, m)
+            lb = Scored(m, *bounds[key])
+            if prune == "pareto":
+                if lb.edp >= mine["edp"].edp and any(
+                    f.latency_cycles <= lb.latency_cycles and f.energy_pj <= lb.energy_pj
+                    for f in front
+                ):
+                    continue
+            elif lb.score(prune) >= mine[prune].score(prune):
+                continue
+        b = evaluate(problem, hw, m)
+        evaluated += 1
+        s = Scored(m, b.latency_cycles, b.energy_pj)
+        if not any(
+            f.latency_cycles <= s.latency_cycles and f.energy_pj <= s.energy_pj for f in front
+        ):
+            front[:] = [
+                f
+                for f in front
+                if not (s.latency_cycles <= f.latency_cycles and s.energy_pj <= f.energy_pj)
+            ]
+            front.append(s)
+        for obj in OBJECTIVES:
+            if obj not in mine or s.score(obj) < mine[obj].score(obj):
+                mine[obj] = s
+    return [s for f in fronts.values() for s in f], best, evaluated
+
+
+def explore(
+    problem: Problem,
+    hw: Accelerator,
+    executor: Executor | None = None,
+    fusions: Sequence[Fusion] = tuple(Fusion),
+    collectives: Sequence[str] = ("mesh", "ring", "tree"),
+    chunk_size: int = 4000,
+    prune: Objective | Literal["pareto"] | None = "pareto",
+    on_chunk: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Search the mapping space of ``problem`` on ``hw``.
+
+    Args:
+        problem: the compound op.
+        hw: the accelerator.
+        executor: where chunks run; :class:`SerialExecutor` by default.
+        fusions: fusion levels to search.
+        collectives: collective cost models to search.
+        chunk_size: candidates per chunk.
+        prune: ``"pareto"`` skips candidates whose bound is dominated by an evaluated mapping
+            and cannot beat the best EDP (exact front and bests); an objective skips those whose
+            bound cannot beat that objective's best (exact best for it, partial front);
+            ``None`` evaluates everything.
+        on_chunk: called as ``on_chunk(done, total)`` after the chunks come back.
+
+    Returns:
+        The best mappings and the Pareto front.
+
+    Raises:
+        ValueError: no valid mapping exists.
+    """
+    executor = executor or SerialExecutor()
+    start = time.perf_counter()
+    candidates = list(enumerate_mappings(problem, hw, fusions, collectives=collectives))
+    if not candidates:
+        raise ValueError(f"accel: expected at least one valid mapping of {problem.name} (got none)")
+    spec, sendable = problem_spec(problem), picklable(hw)
+    chunks = [
+        (spec, sendable, candidates[i : i + chunk_size], prune)
+        for i in range(0, len(candidates), chunk_size)
+    ]
+    results = executor.map(evaluate_chunk, chunks)
+    if on_chunk is not None:
+        on_chunk(len(chunks), len(chunks))
+    points = [s for r in results for s in r[0]]
+    best_by_fusion: dict[Fusion, dict[Objective, Scored]] = {}
+    for _, best, _ in results:
+        for fusion, per in best.items():
+            mine = best_by_fusion.setdefault(fusion, {})
+            for obj, s in per.items():
+                if obj not in mine or s.score(obj) < mine[obj].score(obj):
+                    mine[obj] = s
+    overall = {
+        obj: min((per[obj] for per in best_by_fusion.values()), key=lambda s: s.score(obj))
+        for obj in OBJECTIVES
+    }
+    wall_s = time.perf_counter() - start
+    evaluated = sum(r[2] for r in results)
+    log.info("explored %d candidates, evaluated %d in %.2f s", len(candidates), evaluated, wall_s)
+    return SearchResult(
+        overall,
+        best_by_fusion,
+        pareto_front(points),
+        len(candidates),
+        evaluated,
+        wall_s,
+        executor.workers,
+    )

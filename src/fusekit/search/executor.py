@@ -1,0 +1,164 @@
+"""Executors: run one function over many items, serially or in worker processes.
+
+A searcher hands an executor a picklable, module-level function and a list of work items (usually
+chunks of candidates) and gets the results back in item order::
+
+    with LocalExecutor(workers=4) as ex:
+        scores = ex.map(evaluate_chunk, chunks, chunksize=1)
+
+Every executor satisfies the :class:`Executor` protocol (``map`` plus ``workers`` and context
+management), so a cluster executor (Ray, issue 4) can be added next to these two without changing
+any searcher: it needs the same ``map(fn, items, chunksize)`` returning results in order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from types import TracebackType
+from typing import Protocol, Self, TypeVar, runtime_checkable
+
+from fusekit.errors import expected
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    """The number of CPUs this process may run on (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs ``fn`` over ``items`` and returns the results in item order."""
+
+    @property
+    def workers(self) -> int:
+        """How many items may run at the same time."""
+        ...
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 1) -> list[R]:
+        """Apply ``fn`` to every item.
+
+        Args:
+            fn: a picklable (module-level) function of one item.
+            items: the work items.
+            chunksize: items sent to a worker at once (ignored where meaningless).
+
+        Returns:
+            ``[fn(item) for item in items]``, in the same order.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the workers; the executor cannot be used afterwards."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def _check_chunksize(chunksize: int) -> None:
+    if not isinstance(chunksize, int) or isinstance(chunksize, bool) or chunksize < 1:
+        raise ValueError(expected("executor", "chunksize", "an int >= 1", repr(chunksize)))
+
+
+class SerialExecutor:
+    """Runs every item in this process, in order: for tests, debugging and tiny searches."""
+
+    @property
+    def workers(self) -> int:
+        """Always 1."""
+        return 1
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 1) -> list[R]:
+        """``[fn(item) for item in items]`` (see :meth:`Executor.map`)."""
+        _check_chunksize(chunksize)
+        return [fn(item) for item in items]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class LocalExecutor:
+    """Runs items in ``workers`` local processes (:class:`concurrent.futures.ProcessPoolExecutor`).
+
+    The pool starts on the first :meth:`map` and is reused until :meth:`close`. With
+    ``workers == 1`` no process is started and items run in this process.
+
+    Args:
+        workers: processes to use; ``None`` means :func:`default_workers`.
+
+    Raises:
+        ValueError: ``workers`` is not a positive int.
+    """
+
+    def __init__(self, workers: int | None = None) -> None:
+        if workers is None:
+            workers = default_workers()
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(expected("LocalExecutor", "workers", "an int >= 1", repr(workers)))
+        self._workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    @property
+    def workers(self) -> int:
+        """The number of worker processes."""
+        return self._workers
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 1) -> list[R]:
+        """Apply ``fn`` to every item in the worker processes (see :meth:`Executor.map`).
+
+        Raises:
+            RuntimeError: the executor was closed.
+            ValueError: ``chunksize`` is not a positive int.
+        """
+        _check_chunksize(chunksize)
+        if self._closed:
+            raise RuntimeError("LocalExecutor: expected an open executor (got a closed one)")
+        if self._workers == 1:
+            return [fn(item) for item in items]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self._workers)
+        return list(self._pool.map(fn, items, chunksize=chunksize))
+
+    def close(self) -> None:
+        """Shut the worker processes down (waits for running items)."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,53 @@
+from fusekit.accel import Fusion, evaluate, explore, gemm_softmax
+from fusekit.accel.candidates import enumerate_mappings, pow2_divisors
+from fusekit.accel.search import Scored, lower_bound, pareto_front
+from fusekit.hw import load
+from fusekit.search import LocalExecutor, SerialExecutor
+
+EDGE = load("edge")
+P = gemm_softmax(64, 64, 32)
+
+
+def test_pow2_divisors():
+    assert pow2_divisors(96, 8) == [8, 16, 32]
+    assert pow2_divisors(1, 8) == [1]
+
+
+def test_lower_bound_is_below_every_evaluation():
+    for m in list(enumerate_mappings(P, EDGE))[::7]:
+        lat, energy = lower_bound(P, EDGE, m)
+        b = evaluate(P, EDGE, m)
+        assert lat <= b.latency_cycles and energy <= b.energy_pj
+
+
+def test_prune_keeps_the_exact_front_and_bests():
+    full = explore(P, EDGE, SerialExecutor(), prune=None, chunk_size=500)
+    pruned = explore(P, EDGE, SerialExecutor(), prune="pareto", chunk_size=500)
+    by_latency = explore(P, EDGE, SerialExecutor(), prune="latency", chunk_size=500)
+    key = [(s.latency_cycles, s.energy_pj) for s in full.pareto]
+    assert [(s.latency_cycles, s.energy_pj) for s in pruned.pareto] == key
+    for obj in ("latency", "energy", "edp"):
+        assert pruned.best[obj].score(obj) == full.best[obj].score(obj)
+    assert by_latency.best["latency"].score("latency") == full.best["latency"].score("latency")
+    assert full.evaluated == full.candidates
+
+
+def test_parallel_equals_serial():
+    serial = explore(P, EDGE, SerialExecutor(), chunk_size=700)
+    with LocalExecutor(2) as ex:
+        parallel = explore(P, EDGE, ex, chunk_size=700)
+    assert parallel.best == serial.best
+    assert parallel.pareto == serial.pareto
+
+
+def test_fused_beats_unfused_on_gemm_softmax():
+    r = explore(P, EDGE)
+    unfused = r.best_by_fusion[Fusion.UNFUSED]["latency"].latency_cycles
+    assert r.best["latency"].mapping.fusion is not Fusion.UNFUSED
+    assert r.best["latency"].latency_cycles < unfused
+
+
+def test_pareto_front():
+    m = next(iter(enumerate_mappings(P, EDGE)))
+    pts = [Scored(m, 1, 5), Scored(m, 2, 4), Scored(m, 3, 6), Scored(m, 4, 1)]
+    assert [(s.latency_cycles, s.energy_pj) for s in pareto_front(pts)] == [(1, 5), (2, 4), (4, 1)]
