@@ -1,0 +1,315 @@
+"""One interface for every strategy: run a :class:`~fusekit.gms.candidates.Strategy` on a plan.
+
+Kernels are found by name, so a backend adds a dataflow by adding a file and callers never
+change::
+
+    kernels/<backend>/<dataflow module>.py   defines  <dataflow module>_<backend>(x, w, plan, scale)
+    kernels/<backend>/rows.py                defines  gather_rows_<backend>, reduce_rows_<backend>
+    kernels/<backend>/gm_seg_s.py            defines  segment_products_<backend>   (gradients)
+    kernels/<backend>/backward.py            defines  segment_outer_<backend>, pair_dot_<backend>
+
+with ``<backend>`` = ``cpu`` for CPU tensors and ``triton`` for CUDA tensors, e.g.
+``kernels/triton/gms_seg.py: gms_seg_triton``. A dataflow launcher gets ``x[N_in, K]``,
+``w[S, K, M]`` (contiguous, same dtype), the plan and the per-position scale (mean weights folded
+in, or None) and returns ``Y[N_out, M]`` reduced by ``plan.reduce``.
+
+Orders are compositions of those pieces, the same on every backend::
+
+    pairwise         Y = dataflow(X, W, plan, c)
+    aggregate-first  A = reduce_rows(X[g] * c by (s, d) group);  Y = dataflow(A, W, agg.plan)
+    transform-first  T = dataflow(X, W, tf.plan);  Y = reduce_rows(c * T[v] by scatter row)
+
+except that ``aggregate-first/(GMS)seg`` runs ``kernels/<backend>/agg_gms_seg.py`` (the
+aggregation in the GEMM prologue, ``A`` never in memory) where the backend has it.
+
+Gradients (``sum``/``mean``; ``c`` the per-position scale, ``n`` the mean weight)::
+
+    dX[g[p]] += c[p] * dY[d[p]] @ W[s]^T     the forward problem with g and d swapped: the
+                                             segment GEMM of (GM)seg (or G-Mseg-S) with dY rows,
+                                             then a reduce by gather row (the plan's source CSR)
+    dW[s]    += c[p] * X[g[p]]^T dY[d[p]]    segment outer products
+    dc[e]     = n[p] * dY[d[p]] . (X[g[p]] @ W[s])    pair dots, e = order[p]
+
+``max`` recomputes the pair products, finds each output element's winning pairs (ties share the
+gradient equally, as ``torch.scatter_reduce`` does) and replaces ``dY[d[p]]`` by that per-pair
+gradient ``G[p]`` (materialised, ``[E, M]``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fusekit.errors import expected
+from fusekit.gms.candidates import Dataflow, GemmRows, Order, Strategy, default_strategy
+
+if TYPE_CHECKING:
+    import torch
+
+    from fusekit.gms.problem import GMSPlan, OrderPlan
+
+_BACKENDS = {"cpu": "cpu", "cuda": "triton"}
+
+
+def kernel(device: torch.device, module: str, stem: str) -> Callable[..., Any]:
+    """The launcher ``kernels/<backend>/<module>.py: <stem>_<backend>`` for a device.
+
+    Raises:
+        ValueError: no backend serves this device type, or it lacks the kernel.
+    """
+    backend = _BACKENDS.get(device.type)
+    name = f"fusekit.gms.kernels.{backend}.{module}"
+    try:
+        if backend is None:
+            raise ModuleNotFoundError(name=name)
+        return getattr(importlib.import_module(name), f"{stem}_{backend}")  # type: ignore[no-any-return]
+    except (ModuleNotFoundError, AttributeError):
+        have = ", ".join(_BACKENDS)
+        raise ValueError(
+            expected("gms", "x", f"on a device with a {stem} kernel ({have})", str(device))
+        ) from None
+
+
+def gemm_rows(plan: GMSPlan) -> GemmRows:
+    """The GEMM rows each planned order runs."""
+    return GemmRows(
+        pairwise=plan.num_pairs,
+        transform_first=plan.transform.plan.num_pairs if plan.transform else None,
+        aggregate_first=plan.aggregate.plan.num_pairs if plan.aggregate else None,
+    )
+
+
+def resolve(strategy: str | Strategy | Dataflow | Order, plan: GMSPlan) -> Strategy:
+    """Parse a strategy and check that the plan supports it.
+
+    ``"auto"`` is :func:`~fusekit.gms.candidates.default_strategy` of the plan's GEMM rows.
+
+    Raises:
+        ValueError: unknown name, an order the reduce does not allow, or an order not planned.
+    """
+    if isinstance(strategy, str) and strategy == "auto":
+        return default_strategy(plan.reduce, gemm_rows(plan))
+    chosen = Strategy.parse(strategy)
+    if not chosen.order.allows(plan.reduce):
+        raise ValueError(
+            expected(
+                "gms",
+                "strategy",
+                f"an order valid for reduce={plan.reduce!r}",
+                f"{chosen.name!r} (aggregating before the GEMM needs a linear reduce)",
+            )
+        )
+    if gemm_rows(plan).of(chosen.order) is None:
+        raise ValueError(
+            expected("gms", "strategy", "an order the plan holds", f"{chosen.name!r}; plan(...)")
+        )
+    return chosen
+
+
+def position_scale(
+    plan: GMSPlan, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The scale of each plan position: ``scale[order[p]]``, times ``1/deg`` for ``mean``."""
+    c = scale[plan.order].to(dtype) if scale is not None else None
+    if plan.reduce == "mean":
+        norm = plan.memo.get(("norm", dtype))
+        if norm is None:
+            norm = plan.memo[("norm", dtype)] = plan.norm.to(dtype)
+        c = norm if c is None else c * norm
+    return c
+
+
+def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype kernels compute in: float32 for bfloat16 on the CPU (numba has no bfloat16)."""
+    import torch
+
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return torch.float32
+    return dtype
+
+
+def _fused_aggregate(strategy: Strategy, device: torch.device) -> Callable[..., Any] | None:
+    """The fused ``aggregate-first/(GMS)seg`` kernel of the device's backend, if it has one.
+
+    ``kernels/<backend>/agg_gms_seg.py`` aggregates in the prologue of ``(GMS)seg``; without it
+    the order runs as the composition.
+    """
+    if strategy.dataflow is not Dataflow.GMS_SEG:
+        return None
+    try:
+        return kernel(device, "agg_gms_seg", "agg_gms_seg")
+    except ValueError:
+        return None
+
+
+def _order_plan(plan: GMSPlan, strategy: Strategy) -> OrderPlan:
+    sub = plan.aggregate if strategy.order is Order.AGGREGATE_FIRST else plan.transform
+    if sub is None:
+        raise ValueError(expected("gms", "strategy", "an order the plan holds", strategy.name))
+    return sub
+
+
+def pair_values(
+    strategy: Strategy, x: torch.Tensor, w: torch.Tensor, plan: GMSPlan
+) -> torch.Tensor:
+    """``X[g[p]] @ W[s[p]]`` per plan position, computed by the kernels the forward used.
+
+    The max gradient picks each output element's winning pairs among these values (the vendor
+    GEMM for ``G-Mseg-S``, the numba register tile otherwise, the distinct-row products for
+    transform-first), so that they agree with the forward's winners to the last bit.
+    """
+    dev = x.device
+    if strategy.order is Order.TRANSFORM_FIRST:
+        distinct = _order_plan(plan, strategy)
+        run = kernel(dev, strategy.dataflow.module, strategy.dataflow.module)
+        return run(x, w, distinct.plan, None)[distinct.index]
+    if strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu":
+        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+
+        return segment_mm(kernel(dev, "rows", "gather_rows")(x, plan.gather), w, plan.segment_ptr)
+    return kernel(dev, "gm_seg_s", "segment_products")(x, plan.gather, w, plan)
+
+
+def forward(
+    strategy: Strategy,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    plan: GMSPlan,
+    scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """``Y[N_out, M]`` by ``strategy``; operands already checked (``check_operands``).
+
+    Args:
+        strategy: a resolved strategy.
+        x: ``[N_in, K]``.
+        w: ``[S, K, M]``.
+        plan: the plan of the indices.
+        scale: ``[E]`` in original pair order, or None.
+
+    Returns:
+        ``Y`` in the dtype of ``x``.
+    """
+    dev = x.device
+    dtype = _compute_dtype(x.dtype, dev)
+    xc, wc = x.to(dtype), w.to(dtype)
+    c = position_scale(plan, scale, dtype)
+    run = kernel(dev, strategy.dataflow.module, strategy.dataflow.module)
+    reduce_rows = kernel(dev, "rows", "reduce_rows")
+    if strategy.order is Order.PAIRWISE:
+        y = run(xc, wc, plan, c)
+    elif strategy.order is Order.AGGREGATE_FIRST and (fused := _fused_aggregate(strategy, dev)):
+        y = fused(xc, wc, plan, c)
+    elif strategy.order is Order.AGGREGATE_FIRST:
+        groups = _order_plan(plan, strategy)
+        aggregated = reduce_rows(
+            xc, groups.index, n_pairs=plan.num_pairs, src_index=plan.gather, scale=c
+        )
+        y = run(aggregated, wc, groups.plan, None)
+    else:
+        distinct = _order_plan(plan, strategy)
+        transformed = run(xc, wc, distinct.plan, None)
+        y = reduce_rows(
+            transformed,
+            plan.dst_ptr,
+            n_pairs=plan.num_pairs,
+            src_index=distinct.index,
+            scale=c,
+            pos=plan.dst_pos,
+            reduce_max=plan.reduce == "max",
+        )
+    return y.to(x.dtype)
+
+
+def backward(
+    strategy: Strategy,
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    plan: GMSPlan,
+    scale: torch.Tensor | None,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of ``Y`` w.r.t. ``x``, ``w`` and ``scale`` (``None`` where not needed).
+
+    Args:
+        strategy: the forward's strategy (``G-Mseg-S`` keeps the vendor GEMM for gradients).
+        grad: ``dY[N_out, M]``.
+        x: the forward's ``x``.
+        w: the forward's ``w``.
+        plan: the forward's plan.
+        scale: the forward's ``scale`` (or None).
+        needs: which of (x, w, scale) need a gradient.
+
+    Returns:
+        ``(dx, dw, dscale)`` in the operands' dtypes.
+    """
+    import torch
+
+    dev = x.device
+    dtype = _compute_dtype(x.dtype, dev)
+    xc, wc, gc = x.to(dtype), w.to(dtype), grad.to(dtype).contiguous()
+    c = position_scale(plan, scale, dtype)
+    vendor_gemm = strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu"
+    products = kernel(dev, "gm_seg_s", "segment_products")
+    gather_rows = kernel(dev, "rows", "gather_rows")
+    reduce_rows = kernel(dev, "rows", "reduce_rows")
+    segment_outer = kernel(dev, "backward", "segment_outer")
+    pair_dot = kernel(dev, "backward", "pair_dot")
+
+    # The pair-side gradient rows B[b_index[p]]: dY[d[p]] for sum/mean, G[p] for max.
+    if plan.reduce == "max":
+        values = pair_values(strategy, xc, wc, plan)
+        scaled = values * c[:, None] if c is not None else values
+        index = plan.scatter[:, None].expand_as(scaled)
+        best = torch.full_like(gc, float("-inf")).scatter_reduce_(0, index, scaled, "amax")
+        wins = (scaled == best[plan.scatter]).to(dtype)
+        ties = torch.zeros_like(gc).index_add_(0, plan.scatter, wins)
+        b = gc[plan.scatter] * wins / ties[plan.scatter]
+        b_index = torch.arange(plan.num_pairs, device=dev)
+    else:
+        b, b_index = gc, plan.scatter
+
+    dx = dw = dscale = None
+    if needs[0]:
+        w_t = wc.transpose(1, 2).contiguous()
+        if vendor_gemm:
+            from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+
+            back = segment_mm(gather_rows(b, b_index), w_t, plan.segment_ptr)
+        else:
+            back = products(b, b_index, w_t, plan)
+        dx = torch.zeros(x.shape, dtype=dtype, device=dev)
+        reduce_rows(
+            back,
+            plan.src_ptr,
+            n_pairs=plan.num_pairs,
+            scale=c,
+            pos=plan.src_pos,
+            out=dx[: plan.n_in],
+        )
+        dx = dx.to(x.dtype)
+    if needs[1]:
+        if vendor_gemm:
+            from fusekit.gms.kernels.cpu.g_mseg_s import segment_outer_mm
+
+            rows_b = gather_rows(b, b_index)
+            if c is not None:
+                rows_b = rows_b * c[:, None]
+            dw = segment_outer_mm(
+                gather_rows(xc, plan.gather), rows_b, plan.segment_ptr, w.shape[0]
+            )
+        else:
+            dw = segment_outer(xc, plan.gather, b, b_index, c, plan, w.shape[0])
+        dw = dw.to(w.dtype)
+    if needs[2] and scale is not None:
+        if plan.reduce == "max":
+            dots = (b * values).sum(1)
+        else:
+            dots = pair_dot(xc, plan.gather, wc, b, b_index, plan)
+        if plan.reduce == "mean":
+            dots = dots * position_scale(plan, None, dtype)
+        dscale = torch.empty_like(dots)
+        dscale[plan.order] = dots
+        dscale = dscale.to(scale.dtype)
+    return dx, dw, dscale

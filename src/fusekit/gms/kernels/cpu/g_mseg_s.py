@@ -1,0 +1,145 @@
+"""``G-Mseg-S`` on the CPU: gather, segment GEMM and scatter as three kernels.
+
+.. code-block:: text
+
+    Xg[p, k] = X[g[p], k]                                   kernel 1 (numba)
+    P[p, m]  = sum_k Xg[p, k] * W[s, k, m]    p in segment s  kernel 2 (ATen grouped GEMM)
+    Y[i, m] (+= | max=) c[p] * P[p, m]        p in CSR(i)     kernel 3 (numba)
+
+Dataflow: both intermediates, ``Xg[E, K]`` and ``P[E, M]``, go through memory; in exchange the
+GEMM is the vendor's. Kernel 2 is ``torch._grouped_mm`` over the plan's segment offsets (oneDNN/MKL
+on the CPU; it needs fp32/bf16 and rows of a multiple of 16 bytes) or, otherwise, one ``torch.mm``
+per non-empty segment. Where the GEMM dominates (large ``K * M``, as in Mixture-of-Experts) this is
+the dataflow to pick on the CPU: the fused kernels' numba register tile reaches about half of
+MKL's FLOP/s. Kernels 1 and 3 replace ATen's ``index_select`` and ``index_add_``, whose
+bytes/s fall far below the streaming bandwidth (``benchmarks/hw_roofline.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+
+if TYPE_CHECKING:
+    import torch
+
+    from fusekit.gms.problem import GMSPlan
+
+
+def grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` accepts these operands on this build (dtype, 16-byte rows)."""
+    import torch
+
+    if not hasattr(torch, "_grouped_mm") or a.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return all((t.shape[-1] * t.element_size()) % 16 == 0 for t in (a, b))
+
+
+def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
+    """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
+    from fusekit.errors import expected
+
+    ptr = segment_ptr
+    if (
+        ptr.numel() == 0
+        or int(ptr[0]) != 0
+        or int(ptr[-1]) != n_rows
+        or bool((ptr.diff() < 0).any())
+    ):
+        raise ValueError(
+            expected(
+                "gms", "plan segment_ptr", f"non-decreasing from 0 to {n_rows}", ptr[:8].tolist()
+            )
+        )
+
+
+def segment_mm(rows: torch.Tensor, w: torch.Tensor, segment_ptr: torch.Tensor) -> torch.Tensor:
+    """``P[p] = rows[p] @ w[s]`` for the positions ``p`` of each segment ``s`` (contiguous).
+
+    Args:
+        rows: ``[E, K]`` sorted by segment.
+        w: ``[S_w, K, M]`` with ``S_w >= len(segment_ptr) - 1``.
+        segment_ptr: ``[S + 1]`` where each segment's rows start.
+
+    Returns:
+        ``[E, M]``.
+    """
+    import torch
+
+    check_segment_ptr(segment_ptr, rows.shape[0])
+    n_segments = segment_ptr.shape[0] - 1
+    if grouped_mm_supported(rows, w):
+        ends = segment_ptr[1:]
+        if w.shape[0] > n_segments:  # trailing weight matrices that no pair uses
+            ends = torch.cat([ends, ends[-1:].expand(w.shape[0] - n_segments)])
+        return torch._grouped_mm(rows, w, offs=ends.to(torch.int32))
+    out = rows.new_empty(rows.shape[0], w.shape[2])
+    bounds = segment_ptr.tolist()
+    for s in range(n_segments):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(rows[lo:hi], w[s], out=out[lo:hi])
+    return out
+
+
+def segment_outer_mm(
+    a: torch.Tensor, b: torch.Tensor, segment_ptr: torch.Tensor, n_segments: int
+) -> torch.Tensor:
+    """``dW[s] = a[P_s]^T @ b[P_s]`` over the positions of each segment (the weight gradient).
+
+    Args:
+        a: ``[E, K]`` sorted by segment.
+        b: ``[E, M]`` sorted by segment.
+        segment_ptr: ``[S + 1]``.
+        n_segments: matrices in the result (``>= S``; the extra ones are zero).
+
+    Returns:
+        ``[n_segments, K, M]``.
+    """
+    import torch
+
+    check_segment_ptr(segment_ptr, a.shape[0])
+    s_plan = segment_ptr.shape[0] - 1
+    if grouped_mm_supported(a, b) and a.shape[0] % 4 == 0:
+        ends = segment_ptr[1:].to(torch.int32)
+        out = torch._grouped_mm(a.t(), b, offs=ends)
+        if n_segments > s_plan:
+            out = torch.cat([out, out.new_zeros(n_segments - s_plan, *out.shape[1:])])
+        return out
+    out = a.new_zeros(n_segments, a.shape[1], b.shape[1])
+    bounds = segment_ptr.tolist()
+    for s in range(s_plan):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(a[lo:hi].t(), b[lo:hi], out=out[s])
+    return out
+
+
+def g_mseg_s_cpu(
+    x: torch.Tensor, w: torch.Tensor, plan: GMSPlan, scale: torch.Tensor | None
+) -> torch.Tensor:
+    """Run ``G-Mseg-S`` over a plan.
+
+    Args:
+        x: ``[N_in, K]`` float32/float64, contiguous.
+        w: ``[S, K, M]`` same dtype, contiguous.
+        plan: the plan (on the CPU).
+        scale: ``[E]`` per plan position (mean weights folded in), or None.
+
+    Returns:
+        ``Y`` of shape ``[N_out, M]``.
+
+    Raises:
+        ValueError: a guarded index is out of range.
+    """
+    gathered = gather_rows_cpu(x, plan.gather)
+    products = segment_mm(gathered, w, plan.segment_ptr)
+    return reduce_rows_cpu(
+        products,
+        plan.dst_ptr,
+        n_pairs=plan.num_pairs,
+        scale=scale,
+        pos=plan.dst_pos,
+        reduce_max=plan.reduce == "max",
+    )

@@ -1,0 +1,149 @@
+"""``(GM)seg-S`` on the CPU: gather fused into the segment GEMM, then a scatter kernel (numba).
+
+.. code-block:: text
+
+    P[p, m] = sum_k A[a_index[p], k] * W[s, k, m]          p in tile t, s = segment(t)   kernel 1
+    Y[i, m] (+= | max=) c[p] * P[p, m]                     p in dst CSR of row i          kernel 2
+
+Dataflow: kernel 1 reads ``X`` rows by their gather indices straight into the register tile (no
+gathered copy) and writes the products ``P[E, M]`` in plan order; kernel 2 walks the destination
+CSR, one output row per thread. ``P`` makes one round trip through memory; in exchange no two
+threads ever write the same row and kernel 1 needs no ownership: its work items are the plan's
+(``pad`` or ``pack``) items, not destination blocks.
+
+Kernel 1 alone, with ``A = dY``, ``a_index = d`` and ``W^T``, is the first half of the input
+gradient (see ``fusekit.gms.dispatch``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numba
+
+from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad, reduce_rows_cpu
+from fusekit.gms.kernels.cpu.tile import (
+    FASTMATH,
+    MR,
+    MR_NR,
+    NR,
+    load_rows,
+    stack_buffer,
+    tile_ok,
+    tile_product,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from fusekit.gms.problem import GMSPlan
+
+
+@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
+def _gm_seg_kernel(  # type: ignore[no-untyped-def]
+    # pointers: a [R, K], a_index [E], w [S, K, M], out [E, M]
+    a,
+    a_index,
+    w,
+    out,
+    # schedule: tiles [T], item_ptr [I + 1]
+    tile_segment,
+    tile_start,
+    tile_end,
+    item_ptr,
+):
+    n_rows = a.shape[0]
+    n_segments = w.shape[0]
+    M = w.shape[2]
+    n_pairs = min(a_index.shape[0], out.shape[0])
+    n_tiles = tile_start.shape[0]
+    bad = 0
+    for item in numba.prange(item_ptr.shape[0] - 1):
+        rows = stack_buffer(a_index, MR)
+        acc = numba.carray(stack_buffer(a, MR_NR), (MR, NR))
+        if item_ptr[item] < 0 or item_ptr[item + 1] > n_tiles:
+            bad += 1
+            continue
+        for t in range(item_ptr[item], item_ptr[item + 1]):
+            if not tile_ok(t, tile_segment, tile_start, tile_end, n_segments, n_pairs):
+                bad += 1
+                continue
+            s = tile_segment[t]
+            for e in range(tile_start[t], tile_end[t], MR):
+                n = min(MR, tile_end[t] - e)
+                # ---- prologue: gather indices are the register tile's rows ----
+                if not load_rows(a_index, e, n, n_rows, rows):
+                    bad += 1
+                    continue
+                for m0 in range(0, M, NR):
+                    nc = min(NR, M - m0)
+                    # ---- GEMM ----
+                    tile_product(a, rows, w, s, m0, nc, acc)
+                    # ---- epilogue: store the products in plan order ----
+                    for r in range(n):
+                        row = out[e + r, m0 : m0 + nc]
+                        for j in range(nc):
+                            row[j] = acc[r, j]
+    return bad
+
+
+def segment_products_cpu(
+    a: torch.Tensor, a_index: torch.Tensor, w: torch.Tensor, plan: GMSPlan
+) -> torch.Tensor:
+    """Kernel 1: ``P[p] = A[a_index[p]] @ W[segment(p)]`` for every plan position.
+
+    Args:
+        a: ``[R, K]`` rows (contiguous).
+        a_index: ``[E]`` the row of ``a`` of each plan position.
+        w: ``[S, K, M]`` (contiguous).
+        plan: the plan whose tiles and items to run.
+
+    Returns:
+        ``P`` of shape ``[E, M]``.
+
+    Raises:
+        ValueError: a guarded tile, item or row index is out of range.
+    """
+    import torch
+
+    out = torch.empty(plan.num_pairs, w.shape[2], dtype=a.dtype)
+    bad = _gm_seg_kernel(
+        numpy_of(a),
+        numpy_of(a_index),
+        numpy_of(w),
+        numpy_of(out),
+        plan_array(plan, "tile_segment"),
+        plan_array(plan, "tile_start"),
+        plan_array(plan, "tile_end"),
+        plan_array(plan, "item_ptr"),
+    )
+    raise_if_bad(bad, "tiles", "items, segments, positions and rows in range")
+    return out
+
+
+def gm_seg_s_cpu(
+    x: torch.Tensor, w: torch.Tensor, plan: GMSPlan, scale: torch.Tensor | None
+) -> torch.Tensor:
+    """Run ``(GM)seg-S`` over a plan.
+
+    Args:
+        x: ``[N_in, K]`` float32/float64, contiguous.
+        w: ``[S, K, M]`` same dtype, contiguous.
+        plan: the plan (on the CPU).
+        scale: ``[E]`` per plan position (mean weights folded in), or None.
+
+    Returns:
+        ``Y`` of shape ``[N_out, M]``.
+
+    Raises:
+        ValueError: a guarded index is out of range.
+    """
+    products = segment_products_cpu(x, plan.gather, w, plan)
+    return reduce_rows_cpu(
+        products,
+        plan.dst_ptr,
+        n_pairs=plan.num_pairs,
+        scale=scale,
+        pos=plan.dst_pos,
+        reduce_max=plan.reduce == "max",
+    )

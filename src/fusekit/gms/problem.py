@@ -1,0 +1,784 @@
+r"""A g-mm-s problem, validated once, and its plan: the sorting and tiling every call reuses.
+
+.. math::
+
+    Y[d_e, m] \mathrel{\oplus}= c_e \sum_k X[g_e, k] \, W[s_e, k, m]
+    \qquad \oplus \in \{\text{sum}, \text{mean}, \text{max}\}
+
+for pairs ``e < E`` with gather row ``g_e < N_in``, segment ``s_e < S``, scatter row
+``d_e < N_out`` and optional scale ``c_e``. ``mean`` divides by the number of pairs of each output
+row; a row that no pair reaches is zero for every reduce.
+
+:func:`plan` does the index work once (RGCN epochs and convolution layers sharing a kernel map
+reuse it): it sorts the pairs by (segment, destination block, scatter row), cuts each segment into
+tiles, records segment offsets, per-pair ``mean`` weights, a destination CSR (for scatter kernels
+that own output rows), a source CSR (for the input gradient), and the sub-problems of the
+transform-first and aggregate-first orders. Index values are checked here, once; kernels still
+guard every index they dereference, so a plan modified by hand cannot make them read or write
+out of bounds.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from fusekit.errors import expected
+
+if TYPE_CHECKING:
+    import torch
+
+REDUCES: tuple[str, ...] = ("sum", "mean", "max")
+SCHEDULES: tuple[str, ...] = ("pad", "pack")
+#: Default pairs per tile: a multiple of the CPU register tile's rows and of Triton's BLOCK sizes.
+TILE_ROWS = 64
+_MAGIC = 0x676D73  # "gms": the first entry of every plan's meta tensor
+_INDEX_DTYPES = ("torch.int32", "torch.int64")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GMSProblem:
+    """The indices of a g-mm-s problem, validated; operands ``x``, ``w`` and ``c`` come per call.
+
+    Build it with :meth:`create`, which checks every index once.
+
+    Attributes:
+        gather: ``g[E]`` int64, rows of ``x``.
+        segment: ``s[E]`` int64, which weight matrix.
+        scatter: ``d[E]`` int64, rows of the output.
+        n_out: output rows ``N_out``.
+        n_in: rows ``x`` must have at least (given, or ``max(g) + 1``).
+        num_segments: weight matrices ``w`` must have at least (given, or ``max(s) + 1``).
+        reduce: ``"sum"``, ``"mean"`` or ``"max"``.
+    """
+
+    gather: torch.Tensor
+    segment: torch.Tensor
+    scatter: torch.Tensor
+    n_out: int
+    n_in: int
+    num_segments: int
+    reduce: str = "sum"
+
+    @property
+    def num_pairs(self) -> int:
+        """``E``, the number of (gather, segment, scatter) pairs."""
+        return int(self.gather.shape[0])
+
+    @classmethod
+    def create(
+        cls,
+        gather: torch.Tensor,
+        segment: torch.Tensor,
+        scatter: torch.Tensor,
+        n_out: int,
+        *,
+        n_in: int | None = None,
+        num_segments: int | None = None,
+        reduce: str = "sum",
+    ) -> GMSProblem:
+        """Validate the indices of a problem.
+
+        Args:
+            gather: ``g[E]``, int32 or int64, values in ``[0, n_in)``.
+            segment: ``s[E]``, values in ``[0, num_segments)``.
+            scatter: ``d[E]``, values in ``[0, n_out)``.
+            n_out: output rows.
+            n_in: rows of ``x``, if known now (otherwise checked against ``x`` per call).
+            num_segments: weight matrices, if known now.
+            reduce: ``"sum"``, ``"mean"`` or ``"max"``.
+
+        Returns:
+            The problem, holding contiguous int64 copies of the indices.
+
+        Raises:
+            TypeError: an index is not an integer tensor, or a size is not an int.
+            ValueError: lengths, dimensions or devices differ, a size is negative, an index is
+                out of range, or ``reduce`` is unknown.
+        """
+        import torch
+
+        n_out = _check_size("n_out", n_out)
+        if n_in is not None:
+            n_in = _check_size("n_in", n_in)
+        if num_segments is not None:
+            num_segments = _check_size("num_segments", num_segments)
+        if reduce not in REDUCES:
+            raise ValueError(expected("gms", "reduce", " or ".join(REDUCES), repr(reduce)))
+        named = {"gather": gather, "segment": segment, "scatter": scatter}
+        for name, index in named.items():
+            if not isinstance(index, torch.Tensor):
+                raise TypeError(expected("gms", name, "a torch.Tensor", type(index).__name__))
+            if str(index.dtype) not in _INDEX_DTYPES:
+                raise TypeError(
+                    expected("gms", name, "an int32/int64 tensor", str(index.dtype).split(".")[-1])
+                )
+            if index.dim() != 1:
+                raise ValueError(expected("gms", name, "1-D", f"shape {tuple(index.shape)}"))
+            if index.shape[0] != gather.shape[0]:
+                raise ValueError(
+                    expected(
+                        "gms",
+                        name,
+                        f"of length {gather.shape[0]} like 'gather'",
+                        f"length {index.shape[0]}",
+                    )
+                )
+            if index.device != gather.device:
+                raise ValueError(
+                    expected("gms", name, f"on {gather.device} like 'gather'", str(index.device))
+                )
+        g, s, d = (named[k].to(torch.int64).contiguous() for k in named)
+        g_max = _check_range("gather", g, n_in, "n_in")
+        s_max = _check_range("segment", s, num_segments, "num_segments")
+        _check_range("scatter", d, n_out, "n_out")
+        return cls(
+            gather=g,
+            segment=s,
+            scatter=d,
+            n_out=n_out,
+            n_in=g_max + 1 if n_in is None else n_in,
+            num_segments=s_max + 1 if num_segments is None else num_segments,
+            reduce=reduce,
+        )
+
+
+def _check_size(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(expected("gms", name, "an int", type(value).__name__))
+    if value < 0:
+        raise ValueError(expected("gms", name, ">= 0", value))
+    return value
+
+
+def _check_range(name: str, index: torch.Tensor, bound: int | None, bound_name: str) -> int:
+    """Raise on the first index outside ``[0, bound)``; return the largest index (-1 if empty)."""
+    import torch
+
+    if index.numel() == 0:
+        return -1
+    low, high = torch.aminmax(index)
+    lo, hi = int(low), int(high)
+    limit = bound if bound is not None else None
+    if lo < 0 or (limit is not None and hi >= limit):
+        bad = index < 0 if lo < 0 else index >= limit  # type: ignore[operator]
+        at = int(torch.nonzero(bad)[0, 0])
+        span = f"[0, {limit})" if limit is not None else f"[0, {bound_name})"
+        raise ValueError(
+            expected("gms", name, f"indices in {span}", f"{int(index[at])} at pair {at}")
+        )
+    return hi
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GMSPlan:
+    """Everything the kernels need besides ``x``, ``w`` and ``c``.
+
+    All tensors are int64 (``norm`` float64) on the problem's device; positions ``p`` index the
+    pairs in plan order.
+
+    Attributes:
+        num_pairs: ``E``.
+        n_in: rows ``x`` must have at least.
+        n_out: output rows.
+        num_segments: ``S``, matrices ``w`` must have at least.
+        reduce: the problem's reduce.
+        tile_rows: most pairs per tile.
+        schedule: ``"pad"`` (a work item is one tile) or ``"pack"`` (small tiles of a block share
+            an item).
+        meta: ``[8]`` the sizes above as a tensor (the first of :meth:`tensors`).
+        order: ``[E]`` original pair of each position; pairs are sorted by (segment,
+            destination block, scatter row).
+        gather: ``[E]`` ``g`` in plan order.
+        segment: ``[E]`` ``s`` in plan order.
+        scatter: ``[E]`` ``d`` in plan order.
+        norm: ``[E]`` ``1 / deg(d)`` for ``mean``; empty otherwise.
+        segment_ptr: ``[S+1]`` positions where each segment starts.
+        tile_segment: ``[T]`` segment of each tile; tiles are ordered by (block, segment).
+        tile_start: ``[T]`` first position of each tile.
+        tile_end: ``[T]`` one past its last position.
+        block_ptr: ``[B+1]`` tiles of each destination block. A block owns a contiguous range of
+            output rows, so a CPU thread that runs one block's tiles scatters without atomics.
+        item_ptr: ``[I+1]`` tiles of each work item.
+        dst_ptr: ``[N_out+1]`` CSR of positions by scatter row ...
+        dst_pos: ``[E]`` ... its positions.
+        src_ptr: ``[n_in+1]`` CSR of positions by gather row (the input gradient) ...
+        src_pos: ``[E]`` ... its positions.
+        aggregate: the aggregate-first order (``None`` for max or when not planned).
+        transform: the transform-first order (``None`` when not planned).
+        buffer: the packed plan every tensor above is a view of (``None`` in sub-plans); see
+            :attr:`packed`.
+        memo: per-plan derived values kernels reuse across calls (host views, the mean weights
+            in the compute dtype); a plan changed with ``dataclasses.replace`` starts empty.
+    """
+
+    num_pairs: int
+    n_in: int
+    n_out: int
+    num_segments: int
+    reduce: str
+    tile_rows: int
+    schedule: str
+    meta: torch.Tensor
+    order: torch.Tensor
+    gather: torch.Tensor
+    segment: torch.Tensor
+    scatter: torch.Tensor
+    norm: torch.Tensor
+    segment_ptr: torch.Tensor
+    tile_segment: torch.Tensor
+    tile_start: torch.Tensor
+    tile_end: torch.Tensor
+    block_ptr: torch.Tensor
+    item_ptr: torch.Tensor
+    dst_ptr: torch.Tensor
+    dst_pos: torch.Tensor
+    src_ptr: torch.Tensor
+    src_pos: torch.Tensor
+    aggregate: OrderPlan | None = None
+    transform: OrderPlan | None = None
+    buffer: torch.Tensor | None = None
+    memo: dict[Any, Any] = field(init=False, default_factory=dict, repr=False, compare=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the plan's tensors live (and where ``x`` must live)."""
+        return self.order.device
+
+    @property
+    def num_tiles(self) -> int:
+        """``T``, tiles over all segments and blocks."""
+        return int(self.tile_start.shape[0])
+
+    @property
+    def num_blocks(self) -> int:
+        """``B``, destination blocks."""
+        return int(self.block_ptr.shape[0]) - 1
+
+    @property
+    def packed(self) -> torch.Tensor:
+        """The whole plan as one int64 tensor: the form ``torch.ops.fusekit.gms`` takes.
+
+        Every tensor of the plan (and of its order sub-plans) is a view into this buffer, so
+        passing it costs nothing; ``norm`` is stored bit-cast to int64.
+        """
+        if self.buffer is None:
+            raise ValueError(expected("gms", "plan", "a top-level plan", "an order sub-plan"))
+        return self.buffer
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor) -> GMSPlan:
+        """Rebuild a plan from :attr:`packed`; checks the layout in O(1), not the values.
+
+        The last few plans parsed are remembered (keyed by the tensor object and its version
+        counter, so an in-place edit is parsed again): an epoch of calls parses once.
+
+        Raises:
+            ValueError: the tensor does not have the layout of a packed plan.
+        """
+        key = id(packed)
+        hit = _PARSED.get(key)
+        if hit is not None and hit[0].buffer is packed and hit[1] == packed._version:
+            _PARSED.move_to_end(key)
+            return hit[0]
+        parsed = cls._parse(packed)
+        _PARSED[key] = (parsed, packed._version)
+        if len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+        return parsed
+
+    @classmethod
+    def _parse(cls, packed: torch.Tensor) -> GMSPlan:
+        import torch
+
+        count = 3 * (1 + len(_TENSOR_FIELDS)) + 2
+        head = packed[: 2 + count].tolist() if packed.dtype == torch.int64 else []
+        if len(head) != 2 + count or head[0] != _MAGIC or head[1] != count:
+            raise ValueError(
+                expected("gms", "plan", "GMSPlan.packed of fusekit.gms.plan(...)", "another tensor")
+            )
+        lengths = head[2:]
+        if min(lengths) < 0 or sum(lengths) != packed.shape[0] - 2 - count:
+            raise ValueError(expected("gms", "plan", "a consistent packed plan", lengths[:8]))
+        tensors = torch.split(packed[2 + count :], lengths)
+        width = 1 + len(_TENSOR_FIELDS)
+        orders = []
+        for i, name in ((width, "aggregate"), (2 * width + 1, "transform")):
+            chunk = tensors[i + 1 : i + 1 + width]
+            if chunk[0].numel() == 0:
+                orders.append(None)
+                continue
+            orders.append(OrderPlan(index=tensors[i], plan=_unflatten(chunk, f"plan ({name})")))
+        return _unflatten(tensors[:width], "plan", orders[0], orders[1], packed)
+
+    def to(self, device: torch.device | str) -> GMSPlan:
+        """The same plan with every tensor on ``device``."""
+        return GMSPlan.from_packed(self.packed.to(device))
+
+
+#: Plans parsed by :meth:`GMSPlan.from_packed`, most recent last (each keeps its buffer alive).
+_PARSED: OrderedDict[int, tuple[GMSPlan, int]] = OrderedDict()
+_PARSED_KEPT = 16
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OrderPlan:
+    """A transform-first or aggregate-first order: a position index and a smaller gms plan.
+
+    Attributes:
+        index: aggregate-first: ``[U+1]`` CSR pointer of positions per distinct (s, d);
+            transform-first: ``[E]`` the distinct (s, g) row ``v`` of each position.
+        plan: the sub-problem's plan (a gms problem with ``U`` or ``V`` GEMM rows).
+    """
+
+    index: torch.Tensor
+    plan: GMSPlan
+
+
+_TENSOR_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in fields(GMSPlan)
+    if f.name
+    not in {
+        "num_pairs",
+        "n_in",
+        "n_out",
+        "num_segments",
+        "reduce",
+        "tile_rows",
+        "schedule",
+        "meta",
+        "aggregate",
+        "transform",
+        "buffer",
+        "memo",
+    }
+)
+
+
+def _replace(plan: GMSPlan, **changes: Any) -> GMSPlan:
+    values = {name: getattr(plan, name) for name in _FIELD_NAMES}
+    values.update(changes)
+    return GMSPlan(**values)
+
+
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(GMSPlan) if f.init)
+
+
+def _flatten(plan: GMSPlan) -> list[torch.Tensor]:
+    """``[meta, *fields]`` with ``norm`` bit-cast to int64."""
+    import torch
+
+    return [
+        plan.meta,
+        *(
+            getattr(plan, f).view(torch.int64) if f == "norm" else getattr(plan, f)
+            for f in _TENSOR_FIELDS
+        ),
+    ]
+
+
+def _pack(plan: GMSPlan) -> GMSPlan:
+    """The plan rebuilt as views into one int64 buffer (header: magic, count, lengths)."""
+    import torch
+
+    parts = _flatten(plan)
+    for sub in (plan.aggregate, plan.transform):
+        if sub is None:
+            parts += [plan.order.new_empty(0)] * (2 + len(_TENSOR_FIELDS))
+        else:
+            parts += [sub.index, *_flatten(sub.plan)]
+    head = torch.tensor([_MAGIC, len(parts), *(len(t) for t in parts)], device=plan.order.device)
+    return GMSPlan.from_packed(torch.cat([head, *parts]))
+
+
+def _unflatten(
+    chunk: Sequence[torch.Tensor],
+    name: str,
+    aggregate: OrderPlan | None = None,
+    transform: OrderPlan | None = None,
+    buffer: torch.Tensor | None = None,
+) -> GMSPlan:
+    import torch
+
+    meta = chunk[0]
+    values = meta.tolist() if meta.dim() == 1 and meta.numel() == 8 else [None]
+    if values[0] != _MAGIC:
+        raise ValueError(expected("gms", name, "a plan made by fusekit.gms.plan", "another tensor"))
+    e, n_in, n_out, s, reduce, tile_rows, schedule = values[1:]
+    if not (0 <= reduce < len(REDUCES) and 0 <= schedule < len(SCHEDULES)) or tile_rows <= 0:
+        raise ValueError(expected("gms", name, "a valid meta tensor", values))
+    tensors = dict(zip(_TENSOR_FIELDS, chunk[1:], strict=True))
+    tensors["norm"] = tensors["norm"].view(torch.float64)
+    plan = GMSPlan(
+        num_pairs=e,
+        n_in=n_in,
+        n_out=n_out,
+        num_segments=s,
+        reduce=REDUCES[reduce],
+        tile_rows=tile_rows,
+        schedule=SCHEDULES[schedule],
+        meta=meta,
+        aggregate=aggregate,
+        transform=transform,
+        buffer=buffer,
+        **tensors,
+    )
+    _check_layout(plan, name)
+    return plan
+
+
+def _check_layout(plan: GMSPlan, name: str) -> None:
+    """O(1) checks of lengths and dtypes; kernels guard the values."""
+    import torch
+
+    e = plan.num_pairs
+    t = plan.tile_segment.shape[0]
+    lengths = (
+        ("order", e),
+        ("gather", e),
+        ("segment", e),
+        ("scatter", e),
+        ("segment_ptr", plan.num_segments + 1),
+        ("tile_segment", t),
+        ("tile_start", t),
+        ("tile_end", t),
+        ("dst_ptr", plan.n_out + 1),
+        ("dst_pos", e),
+        ("src_ptr", plan.n_in + 1),
+        ("src_pos", e),
+    )
+    for field_name, length in lengths:
+        tensor = getattr(plan, field_name)
+        if tensor.dtype != torch.int64 or tensor.shape != (length,):
+            raise ValueError(
+                expected(
+                    "gms",
+                    f"{name}.{field_name}",
+                    f"int64 of length {length}",
+                    f"{str(tensor.dtype).split('.')[-1]} of shape {tuple(tensor.shape)}",
+                )
+            )
+    if plan.reduce == "mean" and plan.norm.shape != (e,):
+        raise ValueError(expected("gms", f"{name}.norm", f"of length {e}", tuple(plan.norm.shape)))
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+# ---------------------------------------------------------------------------------------------
+
+
+def default_blocks(device: torch.device | str) -> int:
+    """Destination blocks of a plan: 4 per CPU thread (load balance), 1 on a GPU (atomics)."""
+    import torch
+
+    if torch.device(device).type == "cpu":
+        return 4 * torch.get_num_threads()
+    return 1
+
+
+def plan(
+    problem: GMSProblem,
+    *,
+    tile_rows: int = TILE_ROWS,
+    blocks: int | None = None,
+    schedule: str = "pad",
+    orders: bool = True,
+) -> GMSPlan:
+    """Sort, tile and index a problem once; every later call with the same indices reuses it.
+
+    Steps (all O(E log E) sorts or O(E) scans, on the problem's device):
+
+    1. destination blocks: output rows split into ``blocks`` contiguous ranges with about
+       ``E / blocks`` pairs each (a row is never split);
+    2. order pairs by (segment, block, scatter row): segments are contiguous (``segment_ptr``),
+       each block's share of a segment is contiguous, rows of a block are consecutive;
+    3. tiles: each (segment, block) run is cut into tiles of at most ``tile_rows`` pairs
+       (the last one padded); tiles are listed by (block, segment) with ``block_ptr``;
+    4. work items: ``pad`` gives each tile its own item; ``pack`` joins consecutive small tiles of
+       a block until an item holds about ``tile_rows`` pairs;
+    5. CSRs by scatter row and by gather row; ``mean`` weights ``1 / deg(d)``;
+    6. orders: the distinct (s, d) groups (aggregate-first, not for max) and the distinct
+       (s, g) rows (transform-first), each with the plan of its smaller GEMM.
+
+    Args:
+        problem: the validated indices.
+        tile_rows: most pairs per tile (> 0).
+        blocks: destination blocks; default :func:`default_blocks` of the problem's device.
+        schedule: ``"pad"`` or ``"pack"``.
+        orders: also plan the transform-first and aggregate-first orders.
+
+    Returns:
+        The plan.
+
+    Raises:
+        TypeError: ``problem`` is not a :class:`GMSProblem`, or a size is not an int.
+        ValueError: ``tile_rows`` or ``blocks`` is not positive, or ``schedule`` is unknown.
+    """
+    if not isinstance(problem, GMSProblem):
+        raise TypeError(
+            expected("gms", "problem", "a GMSProblem (see GMSProblem.create)", type(problem))
+        )
+    tile_rows = _check_size("tile_rows", tile_rows)
+    if tile_rows == 0:
+        raise ValueError(expected("gms", "tile_rows", "> 0", tile_rows))
+    if blocks is None:
+        blocks = default_blocks(problem.gather.device)
+    blocks = _check_size("blocks", blocks)
+    if blocks == 0:
+        raise ValueError(expected("gms", "blocks", "> 0", blocks))
+    if schedule not in SCHEDULES:
+        raise ValueError(expected("gms", "schedule", " or ".join(SCHEDULES), repr(schedule)))
+    base = _plan(problem, tile_rows, blocks, schedule)
+    if orders:
+        base = _with_orders(base, problem, tile_rows, blocks, schedule)
+    return _pack(base)
+
+
+def _plan(p: GMSProblem, tile_rows: int, blocks: int, schedule: str) -> GMSPlan:
+    import torch
+
+    g, s, d = p.gather, p.segment, p.scatter
+    e = p.num_pairs
+    dev = g.device
+    i64 = torch.int64
+
+    # 1. destination blocks balanced by pair count: block of row i = floor(pairs before i * B / E)
+    deg = torch.bincount(d, minlength=p.n_out)
+    before = torch.cumsum(deg, 0) - deg
+    row_block = torch.div(before * blocks, max(e, 1), rounding_mode="floor").clamp_(max=blocks - 1)
+    pair_block = row_block[d]
+
+    # 2. order by (segment, block, scatter row), ties by pair index: three stable sorts
+    order = torch.sort(d, stable=True).indices
+    order = order[torch.sort(pair_block[order], stable=True).indices]
+    order = order[torch.sort(s[order], stable=True).indices]
+    gs, ss, ds, bs = g[order], s[order], d[order], pair_block[order]
+    segment_ptr = _ptr(torch.bincount(ss, minlength=p.num_segments))
+
+    # 3. tiles of each (segment, block) run, listed by (block, segment)
+    run_start = _run_starts(ss, bs)
+    run_end = torch.cat([run_start[1:], torch.tensor([e], dtype=i64, device=dev)])[: len(run_start)]
+    per_run = torch.div(run_end - run_start + tile_rows - 1, tile_rows, rounding_mode="floor")
+    run_of_tile = torch.repeat_interleave(torch.arange(len(run_start), device=dev), per_run)
+    first_tile = _ptr(per_run)[:-1]
+    k = torch.arange(len(run_of_tile), device=dev) - first_tile[run_of_tile]
+    tile_start = run_start[run_of_tile] + k * tile_rows
+    tile_end = torch.minimum(tile_start + tile_rows, run_end[run_of_tile])
+    tile_block = bs[tile_start] if e else tile_start
+    by_block = torch.sort(tile_block, stable=True).indices
+    tile_start, tile_end, tile_block = (
+        tile_start[by_block],
+        tile_end[by_block],
+        tile_block[by_block],
+    )
+    tile_segment = ss[tile_start] if e else tile_start
+    block_ptr = _ptr(torch.bincount(tile_block, minlength=blocks))
+
+    # 4. work items
+    if schedule == "pad":
+        item_ptr = torch.arange(len(tile_start) + 1, device=dev)
+    else:
+        rows = tile_end - tile_start
+        window = torch.div(
+            torch.cumsum(rows, 0) - rows - _ptr_at(block_ptr, rows),
+            tile_rows,
+            rounding_mode="floor",
+        )
+        item_ptr = torch.cat(
+            [_run_starts(tile_block, window), torch.tensor([len(rows)], device=dev)]
+        )
+
+    # 5. CSRs and mean weights
+    dst_pos = torch.sort(ds, stable=True).indices
+    src_pos = torch.sort(gs, stable=True).indices
+    norm = (1.0 / deg[ds].to(torch.float64)) if p.reduce == "mean" else gs.new_empty(0).double()
+    meta = [_MAGIC, e, p.n_in, p.n_out, p.num_segments, REDUCES.index(p.reduce), tile_rows]
+    meta.append(SCHEDULES.index(schedule))
+    base = GMSPlan(
+        meta=torch.tensor(meta, dtype=i64, device=dev),
+        num_pairs=e,
+        n_in=p.n_in,
+        n_out=p.n_out,
+        num_segments=p.num_segments,
+        reduce=p.reduce,
+        tile_rows=tile_rows,
+        schedule=schedule,
+        order=order,
+        gather=gs,
+        segment=ss,
+        scatter=ds,
+        norm=norm,
+        segment_ptr=segment_ptr,
+        tile_segment=tile_segment,
+        tile_start=tile_start,
+        tile_end=tile_end,
+        block_ptr=block_ptr,
+        item_ptr=item_ptr,
+        dst_ptr=_ptr(deg),
+        dst_pos=dst_pos,
+        src_ptr=_ptr(torch.bincount(gs, minlength=p.n_in)),
+        src_pos=src_pos,
+    )
+    return base
+
+
+def _with_orders(
+    base: GMSPlan, p: GMSProblem, tile_rows: int, blocks: int, schedule: str
+) -> GMSPlan:
+    import torch
+
+    e, dev, i64 = base.num_pairs, base.device, torch.int64
+    gs, ss, ds = base.gather, base.segment, base.scatter
+
+    def sub_plan(gather: torch.Tensor, segment: torch.Tensor, scatter: torch.Tensor, n_out: int):
+        sub = GMSProblem(
+            gather=gather,
+            segment=segment,
+            scatter=scatter,
+            n_out=n_out,
+            n_in=int(gather.max()) + 1 if gather.numel() else 0,
+            num_segments=p.num_segments,
+        )
+        return _plan(sub, tile_rows, blocks, schedule)
+
+    # 6a. aggregate-first: positions with equal (s, d) are already adjacent (d decides the block)
+    aggregate = None
+    if p.reduce != "max":
+        starts = _run_starts(ss, ds)
+        u = len(starts)
+        aggregate = OrderPlan(
+            index=torch.cat([starts, torch.tensor([e], dtype=i64, device=dev)]),
+            plan=sub_plan(torch.arange(u, device=dev), ss[starts], ds[starts], p.n_out),
+        )
+    # 6b. transform-first: distinct (s, g), sorted by segment
+    by_sg = torch.sort(gs, stable=True).indices
+    by_sg = by_sg[torch.sort(ss[by_sg], stable=True).indices]
+    starts = _run_starts(ss[by_sg], gs[by_sg])
+    v = len(starts)
+    row_of = torch.zeros(e, dtype=i64, device=dev)
+    if e:
+        new_row = torch.zeros(e, dtype=i64, device=dev)
+        new_row[starts] = 1
+        row_of[by_sg] = torch.cumsum(new_row, 0) - 1
+    transform = OrderPlan(
+        index=row_of,
+        plan=sub_plan(gs[by_sg][starts], ss[by_sg][starts], torch.arange(v, device=dev), v),
+    )
+    return _replace(base, aggregate=aggregate, transform=transform)
+
+
+def _ptr(counts: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sum with the total appended: ``[0, c0, c0+c1, ...]``."""
+    import torch
+
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
+def _ptr_at(block_ptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """For each tile (block-major), the rows of all earlier blocks' tiles."""
+    import torch
+
+    counts = block_ptr[1:] - block_ptr[:-1]
+    block_of_tile = torch.repeat_interleave(torch.arange(len(counts), device=rows.device), counts)
+    rows_before_block = _ptr(rows)[block_ptr[:-1]]
+    return rows_before_block[block_of_tile]
+
+
+def _run_starts(*keys: torch.Tensor) -> torch.Tensor:
+    """Positions where any of the (equal-length) keys changes, starting with 0 if non-empty."""
+    import torch
+
+    n = keys[0].shape[0]
+    if n == 0:
+        return keys[0].new_zeros(0)
+    change = torch.zeros(n, dtype=torch.bool, device=keys[0].device)
+    change[0] = True
+    for key in keys:
+        change[1:] |= key[1:] != key[:-1]
+    return torch.nonzero(change).flatten()
+
+
+# ---------------------------------------------------------------------------------------------
+# operands
+# ---------------------------------------------------------------------------------------------
+
+_FLOAT_DTYPES = ("torch.float32", "torch.float64", "torch.bfloat16")
+
+
+def check_operands(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, plan: GMSPlan
+) -> None:
+    """Check the per-call operands against a plan; O(1), no tensor data is read.
+
+    Args:
+        x: ``[N_in, K]`` float32/float64/bfloat16, contiguous, ``N_in >= plan.n_in``.
+        w: ``[S, K, M]`` same dtype and device, contiguous, ``S >= plan.num_segments``.
+        scale: ``None`` or ``[E]`` same dtype and device, contiguous (original pair order).
+        plan: the plan of the indices.
+
+    Raises:
+        TypeError: an operand is not a tensor or has the wrong dtype.
+        ValueError: a shape, device or layout is wrong.
+    """
+    import torch
+
+    for name, t in (("x", x), ("w", w), ("scale", scale)):
+        if t is None and name == "scale":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(expected("gms", name, "a torch.Tensor", type(t).__name__))
+    if str(x.dtype) not in _FLOAT_DTYPES:
+        raise TypeError(
+            expected("gms", "x", "float32, float64 or bfloat16", str(x.dtype).split(".")[-1])
+        )
+    dtype = str(x.dtype).split(".")[-1]
+    for name, t in (("w", w), ("scale", scale)):
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(expected("gms", name, f"{dtype} like 'x'", str(t.dtype).split(".")[-1]))
+    if x.dim() != 2:
+        raise ValueError(expected("gms", "x", "2-D [N_in, K]", f"shape {tuple(x.shape)}"))
+    if w.dim() != 3:
+        raise ValueError(expected("gms", "w", "3-D [S, K, M]", f"shape {tuple(w.shape)}"))
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(
+            expected(
+                "gms", "w", f"of shape [S, {x.shape[1]}, M] (K of 'x')", f"shape {tuple(w.shape)}"
+            )
+        )
+    if x.shape[0] < plan.n_in:
+        raise ValueError(
+            expected("gms", "x", f"at least {plan.n_in} rows (max gather + 1)", x.shape[0])
+        )
+    if w.shape[0] < plan.num_segments:
+        raise ValueError(
+            expected(
+                "gms",
+                "w",
+                f"at least {plan.num_segments} segments (max segment + 1)",
+                f"shape {tuple(w.shape)}",
+            )
+        )
+    if scale is not None and (scale.dim() != 1 or scale.shape[0] != plan.num_pairs):
+        raise ValueError(
+            expected(
+                "gms", "scale", f"1-D of length {plan.num_pairs}", f"shape {tuple(scale.shape)}"
+            )
+        )
+    for name, t in (("w", w), ("scale", scale)):
+        if t is not None and t.device != x.device:
+            raise ValueError(expected("gms", name, f"on {x.device} like 'x'", str(t.device)))
+    if plan.device != x.device:
+        raise ValueError(expected("gms", "plan", f"on {x.device} like 'x'", str(plan.device)))
+    for name, t in (("x", x), ("w", w), ("scale", scale)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(expected("gms", name, "contiguous", f"strides {t.stride()}"))

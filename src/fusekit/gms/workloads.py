@@ -1,0 +1,233 @@
+"""Index sets of the three g-mm-s families, for the CLI, the tour and the benchmarks.
+
+=========  =======================  ===================  =====================  ==============
+family     gather ``g``             segment ``s``        scatter ``d``          scale ``c``
+=========  =======================  ===================  =====================  ==============
+RGCN       source node of an edge   relation (and its    target node            none (mean
+                                    inverse)                                    reduce)
+conv       input voxel              kernel offset        output voxel           none
+MoE        token                    expert               token                  gate weight
+=========  =======================  ===================  =====================  ==============
+
+The synthetic generators state their skew: RGCN relation sizes follow a Zipf law (exponent 1.2,
+as the triples per relation of AIFB and MUTAG roughly do: the largest relation holds ~15% of the
+edges) and edge endpoints a power law over nodes; conv voxels lie on a few random planes (the
+surfaces a LiDAR sees), with a submanifold 3x3x3 kernel map; MoE tokens pick ``top_k`` distinct
+experts with Zipf(1.0) popularity. :func:`kernel_map` also turns real voxel coordinates into a
+kernel map (``benchmarks/gms_kernels.py`` uses a real LiDAR scan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fusekit.errors import expected
+
+if TYPE_CHECKING:
+    import torch
+
+SHAPES: tuple[str, ...] = ("rgcn", "conv", "moe")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Workload:
+    """The indices of one problem and the sizes its operands need.
+
+    Attributes:
+        name: a short label, e.g. ``"rgcn-synthetic"``.
+        gather: ``[E]`` int64.
+        segment: ``[E]`` int64.
+        scatter: ``[E]`` int64.
+        n_in: rows of ``x``.
+        n_out: output rows.
+        num_segments: weight matrices.
+        reduce: the family's reduce (RGCN: mean; conv, MoE: sum).
+        scale: ``[E]`` per-pair factor (MoE gates), or None.
+    """
+
+    name: str
+    gather: torch.Tensor
+    segment: torch.Tensor
+    scatter: torch.Tensor
+    n_in: int
+    n_out: int
+    num_segments: int
+    reduce: str
+    scale: torch.Tensor | None = None
+
+    @property
+    def num_pairs(self) -> int:
+        """``E``."""
+        return int(self.gather.shape[0])
+
+
+def rgcn_from_triples(
+    name: str, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor, nodes: int
+) -> Workload:
+    """An RGCN layer's pairs from (head, relation, tail) triples, with inverse relations.
+
+    Each triple gives two pairs, as in R-GCN (Schlichtkrull et al., ESWC 2018): head -> tail with
+    relation ``r`` and tail -> head with ``r + R``.
+    """
+    import torch
+
+    relations = int(relation.max()) + 1 if relation.numel() else 0
+    return Workload(
+        name=name,
+        gather=torch.cat([head, tail]).long(),
+        segment=torch.cat([relation, relation + relations]).long(),
+        scatter=torch.cat([tail, head]).long(),
+        n_in=nodes,
+        n_out=nodes,
+        num_segments=2 * relations,
+        reduce="mean",
+    )
+
+
+def rgcn_shaped(
+    seed: int = 0, nodes: int = 8_000, relations: int = 45, triples: int = 29_000
+) -> Workload:
+    """A synthetic knowledge graph the size of AIFB (Zipf relations, power-law endpoints)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    relation = _zipf(relations, triples, 1.2, gen)
+    head = _zipf(nodes, triples, 0.8, gen)
+    tail = _zipf(nodes, triples, 0.8, gen)
+    perm = torch.randperm(nodes, generator=gen)  # popular nodes are not the low ids
+    return rgcn_from_triples("rgcn-synthetic", perm[head], relation, perm[tail], nodes)
+
+
+def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
+    """Submanifold sparse-convolution pairs (outputs on the input voxels).
+
+    Input voxel ``i`` feeds output voxel ``j`` through offset ``o`` when
+    ``coords[i] = coords[j] + o``.
+
+    Args:
+        name: the workload's label.
+        coords: ``[N, 3]`` distinct integer voxel coordinates.
+        kernel: odd kernel size (offsets in ``[-kernel // 2, kernel // 2]^3``).
+
+    Returns:
+        The workload (``kernel ** 3`` segments, sum reduce).
+    """
+    import torch
+
+    coords = coords.long()
+    if coords.dim() != 2 or coords.shape[1] != 3 or kernel % 2 == 0:
+        raise ValueError(
+            expected("gms", "coords", "[N, 3] with an odd kernel", tuple(coords.shape))
+        )
+    low = coords.min(0).values - kernel
+    span = int((coords.max(0).values - low).max()) + 2 * kernel
+    key = _linear(coords - low, span)
+    sorted_keys, order = torch.sort(key)
+    half = kernel // 2
+    gathers, segments, scatters = [], [], []
+    for o, offset in enumerate(_offsets(half)):
+        probe = _linear(coords - low + offset, span)
+        at = torch.searchsorted(sorted_keys, probe).clamp(max=len(sorted_keys) - 1)
+        hit = sorted_keys[at] == probe
+        gathers.append(order[at[hit]])
+        scatters.append(torch.nonzero(hit).flatten())
+        segments.append(torch.full((int(hit.sum()),), o))
+    n = coords.shape[0]
+    return Workload(
+        name=name,
+        gather=torch.cat(gathers),
+        segment=torch.cat(segments),
+        scatter=torch.cat(scatters),
+        n_in=n,
+        n_out=n,
+        num_segments=kernel**3,
+        reduce="sum",
+    )
+
+
+def conv_shaped(seed: int = 0, voxels: int = 20_000, planes: int = 6) -> Workload:
+    """Voxels on a few random planes (LiDAR-like surfaces), submanifold 3x3x3 kernel map."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    per_plane = voxels // planes
+    clouds = []
+    for _ in range(planes):
+        uv = torch.rand(per_plane, 2, generator=gen) * (per_plane**0.5) * 1.3
+        normal = torch.nn.functional.normalize(torch.randn(3, generator=gen), dim=0)
+        basis = torch.linalg.qr(torch.stack([normal, *torch.randn(2, 3, generator=gen)]).T).Q
+        origin = torch.rand(3, generator=gen) * 40
+        clouds.append(origin + uv @ basis[:, 1:].T)
+    coords = torch.unique(torch.cat(clouds).floor().long(), dim=0)
+    return kernel_map("conv-synthetic", coords)
+
+
+def moe_shaped(seed: int = 0, tokens: int = 4_096, experts: int = 8, top_k: int = 2) -> Workload:
+    """Top-k routing of tokens to experts with Zipf(1.0) expert popularity; gates sum to 1."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    popularity = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
+    logits = torch.log(popularity) + torch.randn(
+        tokens, experts, generator=gen, dtype=torch.float64
+    )
+    top = torch.topk(logits, top_k, dim=1)
+    gates = torch.softmax(top.values, dim=1).float()
+    token = torch.arange(tokens).repeat_interleave(top_k)
+    return Workload(
+        name="moe-synthetic",
+        gather=token,
+        segment=top.indices.flatten(),
+        scatter=token,
+        n_in=tokens,
+        n_out=tokens,
+        num_segments=experts,
+        reduce="sum",
+        scale=gates.flatten(),
+    )
+
+
+def make(shape: str, seed: int = 0, scale: float = 1.0) -> Workload:
+    """A synthetic workload of a family.
+
+    Args:
+        shape: ``"rgcn"``, ``"conv"`` or ``"moe"``.
+        seed: the generator seed.
+        scale: multiplies the default size (pairs scale about linearly).
+
+    Returns:
+        The workload.
+
+    Raises:
+        ValueError: unknown shape or non-positive scale.
+    """
+    if shape not in SHAPES:
+        raise ValueError(expected("gms", "shape", " or ".join(SHAPES), repr(shape)))
+    if not scale > 0:
+        raise ValueError(expected("gms", "scale", "> 0", scale))
+    if shape == "rgcn":
+        return rgcn_shaped(
+            seed, nodes=max(1, int(8_000 * scale)), triples=max(1, int(29_000 * scale))
+        )
+    if shape == "conv":
+        return conv_shaped(seed, voxels=max(6, int(20_000 * scale)))
+    return moe_shaped(seed, tokens=max(1, int(4_096 * scale)))
+
+
+def _zipf(n: int, count: int, exponent: float, gen: torch.Generator) -> torch.Tensor:
+    import torch
+
+    weights = 1.0 / torch.arange(1, n + 1, dtype=torch.float64) ** exponent
+    return torch.multinomial(weights, count, replacement=True, generator=gen)
+
+
+def _linear(c: torch.Tensor, span: int) -> torch.Tensor:
+    return (c[:, 0] * span + c[:, 1]) * span + c[:, 2]
+
+
+def _offsets(half: int) -> list[torch.Tensor]:
+    import torch
+
+    r = range(-half, half + 1)
+    return [torch.tensor([i, j, k]) for i in r for j in r for k in r]

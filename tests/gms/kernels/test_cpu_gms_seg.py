@@ -1,0 +1,57 @@
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusekit.gms import GMSProblem, plan
+from fusekit.gms.dispatch import position_scale
+from fusekit.gms.kernels.cpu.gms_seg import gms_seg_cpu
+
+
+def run(case):
+    c = position_scale(case.plan, case.scale, case.x.dtype)
+    return gms_seg_cpu(case.x, case.w, case.plan, c)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_equals_reference_fp32(data, draw_case):
+    case = draw_case(data)
+    case.assert_matches(run(case))
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_equals_reference_fp64(data, draw_case):
+    case = draw_case(data, dtype=torch.float64)
+    case.assert_matches(run(case))
+
+
+@pytest.mark.parametrize("k_m", [(16, 16), (64, 64), (13, 21)])
+def test_larger_tiles(k_m):
+    k, m = k_m
+    gen = torch.Generator().manual_seed(k)
+    g, s, d = (torch.randint(0, n, (3000,), generator=gen) for n in (500, 7, 400))
+    pl = plan(GMSProblem.create(g, s, d, 400, num_segments=7), blocks=3)
+    x, w = torch.randn(500, k, generator=gen), torch.randn(7, k, m, generator=gen)
+    from fusekit.gms.kernels.reference import gms_reference
+
+    torch.testing.assert_close(
+        gms_seg_cpu(x, w, pl, None), gms_reference(x, w, g, s, d, 400), atol=1e-4 * k, rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize("value", [10**9, -5])
+@pytest.mark.parametrize(
+    "field", ["gather", "scatter", "tile_start", "tile_end", "tile_segment", "block_ptr"]
+)
+def test_a_corrupted_plan_raises_instead_of_reading_out_of_bounds(field, value):
+    g = torch.arange(40) % 9
+    pl = plan(GMSProblem.create(g, g % 3, g % 5, 5), tile_rows=8, blocks=2)
+    bad = getattr(pl, field).clone()
+    bad[len(bad) // 2] = value
+    corrupt = dataclasses.replace(pl, **{field: bad})
+    with pytest.raises(ValueError, match="plan"):
+        gms_seg_cpu(torch.randn(9, 4), torch.randn(3, 4, 6), corrupt, None)

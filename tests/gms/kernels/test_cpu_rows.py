@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+
+
+def test_gather_rows():
+    x = torch.randn(6, 5)
+    index = torch.tensor([5, 0, 0, 3])
+    torch.testing.assert_close(gather_rows_cpu(x, index), x[index])
+    assert gather_rows_cpu(x, index[:0]).shape == (0, 5)
+
+
+def test_gather_rows_guards_its_index():
+    with pytest.raises(ValueError, match="plan gather index"):
+        gather_rows_cpu(torch.randn(6, 5), torch.tensor([0, 6]))
+
+
+@pytest.mark.parametrize("reduce_max", [False, True])
+def test_reduce_rows_walks_the_csr(reduce_max):
+    src = torch.randn(7, 3)
+    src_index = torch.tensor([6, 0, 2, 2, 5])
+    scale = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.5])
+    ptr = torch.tensor([0, 2, 2, 5])  # row 1 gets nothing
+    pos = torch.tensor([4, 1, 0, 3, 2])
+    out = reduce_rows_cpu(
+        src, ptr, n_pairs=5, src_index=src_index, scale=scale, pos=pos, reduce_max=reduce_max
+    )
+    values = scale[:, None] * src[src_index]
+    rows = [pos[0:2], pos[0:0], pos[2:5]]
+    expected = torch.stack(
+        [
+            (values[r].max(0).values if reduce_max else values[r].sum(0))
+            if len(r)
+            else torch.zeros(3)
+            for r in rows
+        ]
+    )
+    torch.testing.assert_close(out, expected)
+
+
+def test_reduce_rows_identity_defaults():
+    src = torch.randn(4, 2)
+    out = reduce_rows_cpu(src, torch.tensor([0, 1, 4]), n_pairs=4)
+    torch.testing.assert_close(out, torch.stack([src[0], src[1:].sum(0)]))
+
+
+@pytest.mark.parametrize(
+    ("ptr", "pos", "src_index"),
+    [
+        ([0, 2, 9], None, None),  # pointer past the positions
+        ([0, 3, 1], None, None),  # decreasing pointer
+        ([0, 2, 4], [0, 1, 2, 7], None),  # position out of range
+        ([0, 2, 4], None, [0, 1, 2, 40]),  # source row out of range
+    ],
+)
+def test_reduce_rows_guards_every_index(ptr, pos, src_index):
+    with pytest.raises(ValueError, match="plan CSR"):
+        reduce_rows_cpu(
+            torch.randn(4, 2),
+            torch.tensor(ptr),
+            n_pairs=4,
+            pos=None if pos is None else torch.tensor(pos),
+            src_index=None if src_index is None else torch.tensor(src_index),
+        )

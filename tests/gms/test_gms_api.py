@@ -1,0 +1,143 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusekit.gms import NAMED_STRATEGIES, GMSProblem, enumerate_candidates, gms, plan
+from fusekit.gms.kernels.reference import gms_reference
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_every_strategy_equals_the_reference(data, draw_case):
+    case = draw_case(data)
+    for strategy in enumerate_candidates(case.reduce):
+        case.assert_matches(gms(case.x, case.w, case.plan, case.scale, strategy))
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_bfloat16(data, draw_case):
+    case = draw_case(data, dtype=torch.bfloat16)
+    for strategy in enumerate_candidates(case.reduce, named_only=True):
+        case.assert_matches(gms(case.x, case.w, case.plan, case.scale, strategy))
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_gradients_equal_the_references(data, draw_case):
+    case = draw_case(data, dtype=torch.float64, scale=True, kind="uniform")
+    dy = torch.randn(case.n_out, case.w.shape[2], dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (case.x, case.w, case.scale)]
+    torch.autograd.backward(
+        gms_reference(
+            leaves[0],
+            leaves[1],
+            case.gather,
+            case.segment,
+            case.scatter,
+            case.n_out,
+            leaves[2],
+            case.reduce,
+        ),
+        dy,
+    )
+    expected = [t.grad for t in leaves]
+    for strategy in enumerate_candidates(case.reduce, named_only=True):
+        leaves = [t.clone().requires_grad_() for t in (case.x, case.w, case.scale)]
+        gms(*leaves[:2], case.plan, leaves[2], strategy).backward(dy)
+        for got, want in zip((t.grad for t in leaves), expected, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def gradcheck_problem(reduce, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randint(0, 6, (18,), generator=gen)
+    s = torch.randint(0, 3, (18,), generator=gen)
+    d = torch.randint(0, 5, (18,), generator=gen)
+    pl = plan(GMSProblem.create(g, s, d, 5, reduce=reduce), tile_rows=4, blocks=2)
+    x = torch.randn(7, 4, generator=gen)  # a row no pair gathers
+    w = torch.randn(4, 4, 9, generator=gen)  # a segment no pair uses
+    c = torch.rand(18, generator=gen) + 0.5
+    return pl, *(t.double().requires_grad_() for t in (x, w, c))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("strategy", NAMED_STRATEGIES, ids=str)
+def test_gradcheck(strategy, reduce):
+    if not strategy.order.allows(reduce):
+        pytest.skip("aggregate-first needs a linear reduce")
+    pl, x, w, c = gradcheck_problem(reduce)
+    assert torch.autograd.gradcheck(
+        lambda x, w, c: gms(x, w, pl, c, strategy), (x, w, c), fast_mode=True
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_gradcheck_every_strategy_full_jacobian(reduce):
+    pl, x, w, c = gradcheck_problem(reduce, seed=1)
+    for strategy in enumerate_candidates(reduce):
+        assert torch.autograd.gradcheck(lambda x, w, c, s=strategy: gms(x, w, pl, c, s), (x, w, c))
+
+
+def test_gradients_of_unused_rows_and_segments_are_zero():
+    pl, x, w, c = gradcheck_problem("sum")
+    gms(x, w, pl, c).sum().backward()
+    assert torch.all(x.grad[6] == 0) and torch.all(w.grad[3] == 0)
+
+
+def test_no_gradient_is_computed_for_a_constant_scale():
+    pl, x, w, c = gradcheck_problem("mean")
+    y = gms(x, w, pl, c.detach())
+    y.sum().backward()
+    assert x.grad is not None and w.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda pl, x, w: gms(x, w, (1, 2)), TypeError, r"'plan' to be a GMSPlan"),
+        (
+            lambda pl, x, w: gms(x.int(), w, pl),
+            TypeError,
+            r"'x' to be float32, float64 or bfloat16",
+        ),
+        (lambda pl, x, w: gms(x, w[:, :2], pl), ValueError, r"'w' to be of shape \[S, 4, M\]"),
+        (lambda pl, x, w: gms(x, w, pl, strategy="fused"), ValueError, r"'strategy' to be one of"),
+        (
+            lambda pl, x, w: gms(x, w, pl, torch.ones(3)),
+            ValueError,
+            r"'scale' to be 1-D of length 18",
+        ),
+    ],
+)
+def test_bad_input(call, error, match):
+    pl, x, w, _ = gradcheck_problem("sum")
+    with pytest.raises(error, match=match):
+        call(pl, x.detach().float(), w.detach().float())
+
+
+def test_aggregate_first_is_refused_for_max():
+    pl, x, w, _ = gradcheck_problem("max")
+    with pytest.raises(ValueError, match=r"'strategy' to be an order valid for reduce='max'"):
+        gms(x, w, pl, strategy="aggregate-first")
+
+
+def test_an_order_needs_its_sub_plan():
+    g = torch.arange(6)
+    pl = plan(GMSProblem.create(g, g % 2, g, 6), orders=False)
+    x, w = torch.randn(6, 3), torch.randn(2, 3, 4)
+    assert gms(x, w, pl).shape == (6, 4)  # auto falls back to pairwise
+    with pytest.raises(ValueError, match=r"'strategy' to be an order the plan holds"):
+        gms(x, w, pl, strategy="transform-first")
+
+
+def test_auto_picks_an_order_that_shrinks_the_gemm():
+    d = torch.zeros(50, dtype=torch.long)  # every pair into one row, one segment
+    pl = plan(GMSProblem.create(torch.arange(50) % 10, d, d, 1))
+    x, w = torch.randn(10, 8), torch.randn(1, 8, 8)
+    torch.testing.assert_close(
+        gms(x, w, pl), gms_reference(x, w, torch.arange(50) % 10, d, d, 1), atol=1e-4, rtol=1e-4
+    )
+    assert pl.aggregate.plan.num_pairs == 1
