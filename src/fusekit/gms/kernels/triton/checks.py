@@ -54,6 +54,21 @@ def check_index(plan: GMSPlan, name: str, high: int) -> None:
     plan.memo[key] = True
 
 
+def check_rows(index: torch.Tensor, n: int, high: int, what: str) -> None:
+    """Raise unless ``index`` has ``n`` entries, all in ``[0, high)`` (not memoised).
+
+    Raises:
+        ValueError: a wrong length or an index out of range.
+    """
+    if (
+        index.dim() != 1
+        or index.shape[0] != n
+        or (index.numel() and bool((index.min() < 0) | (index.max() >= high)))
+    ):
+        got = f"{tuple(index.shape)}, in [{_lo(index)}, {_hi(index)}]"
+        raise ValueError(expected("gms", f"plan {what}", f"[{n}] in [0, {high})", got))
+
+
 def check_tiles(plan: GMSPlan, n_segments: int) -> None:
     """Raise unless every tile names a segment of ``w`` and positions inside ``[0, E]``.
 

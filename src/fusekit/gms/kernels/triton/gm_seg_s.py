@@ -8,88 +8,32 @@
 Dataflow: kernel 1 is ``(GMS)seg``'s kernel gathering ``X`` rows in its prologue and storing the
 products in plan order (``P[E, M]``, float32); kernel 2 walks the destination CSR
 (``dst_ptr``/``dst_pos``), one program per (output row, ``BLOCK_M`` columns), reducing
-``BLOCK_Q`` positions at a time. Each output row has one owner: no atomics, and the result does not
-depend on the schedule. A ``max`` row no pair reaches is zero.
+``BLOCK_Q`` positions at a time (the reduce of ``kernels/triton/rows.py``). Each output row has one
+owner: no atomics, and the result does not depend on the schedule. A ``max`` row no pair reaches is
+zero.
+
+Kernel 1 alone (:func:`segment_products_triton`), with ``A = dY``, ``a_index = d`` and ``W^T``,
+is the first half of the input gradient (see ``fusekit.gms.dispatch``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import triton
-import triton.language as tl
-
 from fusekit.gms.kernels.triton.checks import (
     check_dst_csr,
     check_index,
     check_operands,
+    check_rows,
     check_tiles,
 )
 from fusekit.gms.kernels.triton.gms_seg import STORE, segment_gemm
+from fusekit.gms.kernels.triton.rows import launch_reduce_rows
 
 if TYPE_CHECKING:
     import torch
 
     from fusekit.gms.problem import GMSPlan
-
-BLOCK_Q = 16
-BLOCK_M = 32
-
-
-@triton.jit
-def _reduce_rows_kernel(
-    # pointers: src [E, M], scale [E], ptr [N_out + 1], pos [Q], out [N_out, M]
-    src_ptr,
-    scale_ptr,
-    ptr_ptr,
-    pos_ptr,
-    out_ptr,
-    # sizes
-    n_pairs,
-    n_pos,
-    M,
-    # strides
-    stride_se,
-    stride_sm,
-    stride_oi,
-    stride_om,
-    # meta-parameters
-    HAS_SCALE: tl.constexpr,
-    REDUCE_MAX: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    i = tl.program_id(0).to(tl.int64)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < M
-    lo = tl.maximum(tl.load(ptr_ptr + i), 0)
-    hi = tl.minimum(tl.load(ptr_ptr + i + 1), n_pos)
-    if REDUCE_MAX:
-        acc = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for q0 in range(lo, hi, BLOCK_Q):
-        offs_q = q0 + tl.arange(0, BLOCK_Q)
-        mask_q = offs_q < hi
-        p = tl.load(pos_ptr + offs_q, mask=mask_q, other=0)
-        mask_q = mask_q & (p >= 0) & (p < n_pairs)
-        p = tl.where(mask_q, p, 0)
-        mask = mask_q[:, None] & mask_m[None, :]
-        vals = tl.load(
-            src_ptr + p[:, None] * stride_se + offs_m[None, :] * stride_sm, mask=mask, other=0.0
-        ).to(tl.float32)
-        if HAS_SCALE:
-            c = tl.load(scale_ptr + p, mask=mask_q, other=0.0).to(tl.float32)
-            vals = vals * c[:, None]
-        if REDUCE_MAX:
-            vals = tl.where(mask, vals, float("-inf"))
-            acc = tl.maximum(acc, tl.max(vals, axis=0))
-        else:
-            acc += tl.sum(vals, axis=0)
-    if REDUCE_MAX:
-        acc = tl.where(hi > lo, acc, 0.0)
-    out = out_ptr + i * stride_oi + offs_m * stride_om
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m)
 
 
 def reduce_by_destination(
@@ -108,29 +52,43 @@ def reduce_by_destination(
     """
     import torch
 
-    m = products.shape[1]
-    out = torch.empty(plan.n_out, m, dtype=dtype, device=products.device)
-    if out.numel():
-        grid = (plan.n_out, triton.cdiv(m, BLOCK_M))
-        _reduce_rows_kernel[grid](
-            products,
-            scale if scale is not None else products,
-            plan.dst_ptr,
-            plan.dst_pos,
-            out,
-            products.shape[0],
-            plan.dst_pos.shape[0],
-            m,
-            products.stride(0),
-            products.stride(1),
-            out.stride(0),
-            out.stride(1),
-            HAS_SCALE=scale is not None,
-            REDUCE_MAX=plan.reduce == "max",
-            BLOCK_Q=BLOCK_Q,
-            BLOCK_M=BLOCK_M,
-        )
-    return out
+    out = torch.empty(plan.n_out, products.shape[1], dtype=dtype, device=products.device)
+    return launch_reduce_rows(
+        products,
+        plan.dst_ptr,
+        out,
+        n_pairs=products.shape[0],
+        scale=scale,
+        pos=plan.dst_pos,
+        reduce_max=plan.reduce == "max",
+    )
+
+
+def segment_products_triton(
+    a: torch.Tensor, a_index: torch.Tensor, w: torch.Tensor, plan: GMSPlan
+) -> torch.Tensor:
+    """Kernel 1: ``P[p] = A[a_index[p]] @ W[segment(p)]`` for every plan position.
+
+    Args:
+        a: ``[R, K]`` rows, float32, bfloat16 or float16.
+        a_index: ``[E]`` the row of ``a`` of each plan position.
+        w: ``[S, K, M]``, the dtype of ``a``.
+        plan: the plan whose tiles to run.
+
+    Returns:
+        ``P`` of shape ``[E, M]`` in the dtype of ``a`` (accumulated in float32).
+
+    Raises:
+        ValueError: unsupported operands, or a guarded tile or row index is out of range.
+    """
+    import torch
+
+    check_operands(a, w, None, plan.num_pairs)
+    check_rows(a_index, plan.num_pairs, a.shape[0], "row index")
+    check_tiles(plan, w.shape[0])
+    out = torch.zeros(plan.num_pairs, w.shape[2], dtype=a.dtype, device=a.device)
+    tiles = (plan.tile_segment, plan.tile_start, plan.tile_end)
+    return segment_gemm(a, a_index, w, tiles, out, epilogue=STORE)
 
 
 def gm_seg_s_triton(
