@@ -30,7 +30,7 @@ from fusekit.gms.kernels.triton.checks import (
     check_segment_ptr,
     check_tiles,
 )
-from fusekit.gms.kernels.triton.gms_seg import INTERPRETED
+from fusekit.gms.kernels.triton.gms_seg import INTERPRETED, tile_product
 
 if TYPE_CHECKING:
     import torch
@@ -170,24 +170,10 @@ def _pair_dot_kernel(
             offs_m = m0 + tl.arange(0, BLOCK_M)
             mask_m = offs_m < M
             # ---- GEMM: the products A W of this column block ----
-            acc = tl.zeros((BLOCK_E, BLOCK_M), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mask_k = offs_k < K
-                a = tl.load(
-                    a_ptr + ra[:, None] * stride_ar + offs_k[None, :] * stride_ak,
-                    mask=ok_a[:, None] & mask_k[None, :],
-                    other=0.0,
-                )
-                w = tl.load(
-                    w_seg + offs_k[:, None] * stride_wk + offs_m[None, :] * stride_wm,
-                    mask=mask_k[:, None] & mask_m[None, :],
-                    other=0.0,
-                )
-                if DOT_F32:
-                    acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, w, acc)
+            acc = tile_product(
+                a_ptr, ra, ok_a, stride_ar, stride_ak, w_seg, stride_wk, stride_wm,
+                offs_m, mask_m, K, DOT_F32, BLOCK_E, BLOCK_K, BLOCK_M,
+            )  # fmt: skip
             # ---- epilogue: dot the products with B's rows ----
             b = tl.load(
                 b_ptr + rb[:, None] * stride_br + offs_m[None, :] * stride_bm,

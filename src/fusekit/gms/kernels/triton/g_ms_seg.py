@@ -17,15 +17,10 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from fusekit.gms.kernels.triton.checks import (
-    check_dst_csr,
-    check_index,
-    check_operands,
-    check_tiles,
-)
 from fusekit.gms.kernels.triton.gms_seg import (
     ADD,
     MAX,
+    check_atomic_scatter,
     finish_scatter,
     scatter_out,
     segment_gemm,
@@ -122,12 +117,7 @@ def g_ms_seg_triton(
     Raises:
         ValueError: unsupported operands, or a plan array the kernels read is out of range.
     """
-    check_operands(x, w, scale, plan.num_pairs)
-    check_index(plan, "gather", x.shape[0])
-    check_index(plan, "scatter", plan.n_out)
-    check_tiles(plan, w.shape[0])
-    if plan.reduce == "max":
-        check_dst_csr(plan)
+    check_atomic_scatter(x, w, plan, scale)
     gathered = gather_rows(x, plan.gather)
     out = scatter_out(plan, w.shape[2], x.device)
     segment_gemm(

@@ -49,6 +49,50 @@ BLOCK_M = 16
 
 
 @triton.jit
+def tile_product(
+    # pointers: a [R, K] and the segment's matrix w_seg [K, M]
+    a_ptr,
+    rows,  # [BLOCK_E] rows of a (already bounds-checked; masked ones are 0)
+    mask_rows,
+    stride_ar,
+    stride_ak,
+    w_seg,
+    stride_wk,
+    stride_wm,
+    offs_m,  # [BLOCK_M] columns of w, with their mask
+    mask_m,
+    K,
+    DOT_F32: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """``acc[e, m] = sum_k a[rows[e], k] * w_seg[k, m]`` in float32, ``BLOCK_K`` at a time.
+
+    float32 operands multiply in IEEE float32 (no TF32); others on the tensor cores.
+    """
+    acc = tl.zeros((BLOCK_E, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        a = tl.load(
+            a_ptr + rows[:, None] * stride_ar + offs_k[None, :] * stride_ak,
+            mask=mask_rows[:, None] & mask_k[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_seg + offs_k[:, None] * stride_wk + offs_m[None, :] * stride_wm,
+            mask=mask_k[:, None] & mask_m[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+    return acc
+
+
+@triton.jit
 def _segment_gemm_kernel(
     # pointers: a [R, K], a_index [E], w [S, K, M], scatter/scale [E], out [N_out or E, M]
     a_ptr,
@@ -87,7 +131,6 @@ def _segment_gemm_kernel(
     t = tl.program_id(0)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    offs_k0 = tl.arange(0, BLOCK_K)
     s = tl.load(tile_segment_ptr + t).to(tl.int64)
     lo = tl.load(tile_start_ptr + t)
     hi = tl.load(tile_end_ptr + t)
@@ -106,24 +149,10 @@ def _segment_gemm_kernel(
         mask_e = mask_e & (rows >= 0) & (rows < n_rows)
         rows = tl.where(mask_e, rows, 0)
         # ---- GEMM: BLOCK_E x BLOCK_M over K, float32 accumulator ----
-        acc = tl.zeros((BLOCK_E, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + offs_k0
-            mask_k = offs_k < K
-            a = tl.load(
-                a_ptr + rows[:, None] * stride_ar + offs_k[None, :] * stride_ak,
-                mask=mask_e[:, None] & mask_k[None, :],
-                other=0.0,
-            )
-            w = tl.load(
-                w_seg + offs_k[:, None] * stride_wk + offs_m[None, :] * stride_wm,
-                mask=mask_k[:, None] & mask_m[None, :],
-                other=0.0,
-            )
-            if DOT_F32:
-                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, w, acc)
+        acc = tile_product(
+            a_ptr, rows, mask_e, stride_ar, stride_ak, w_seg, stride_wk, stride_wm,
+            offs_m, mask_m, K, DOT_F32, BLOCK_E, BLOCK_K, BLOCK_M,
+        )  # fmt: skip
         # ---- epilogue: scale, then store in plan order or scatter with atomics ----
         if HAS_SCALE:
             c = tl.load(scale_ptr + offs_e, mask=mask_e, other=0.0).to(tl.float32)
@@ -223,6 +252,25 @@ def scatter_out(plan: GMSPlan, m: int, device: torch.device) -> torch.Tensor:
     return torch.full((plan.n_out, m), fill, dtype=torch.float32, device=device)
 
 
+def check_atomic_scatter(
+    x: torch.Tensor, w: torch.Tensor, plan: GMSPlan, scale: torch.Tensor | None
+) -> None:
+    """Check what the atomic-scatter dataflows read before launching.
+
+    Operands, gather and scatter rows, tiles, and (for max, which zeroes unreached rows by
+    degree) the destination CSR.
+
+    Raises:
+        ValueError: an operand or a plan array the kernels read is out of range.
+    """
+    check_operands(x, w, scale, plan.num_pairs)
+    check_index(plan, "gather", x.shape[0])
+    check_index(plan, "scatter", plan.n_out)
+    check_tiles(plan, w.shape[0])
+    if plan.reduce == "max":
+        check_dst_csr(plan)
+
+
 def finish_scatter(out: torch.Tensor, plan: GMSPlan, dtype: torch.dtype) -> torch.Tensor:
     """Zero the rows a max never reached, then cast to the operands' dtype."""
     if plan.reduce == "max":
@@ -247,12 +295,7 @@ def gms_seg_triton(
     Raises:
         ValueError: unsupported operands, or a plan array the kernel reads is out of range.
     """
-    check_operands(x, w, scale, plan.num_pairs)
-    check_index(plan, "gather", x.shape[0])
-    check_index(plan, "scatter", plan.n_out)
-    check_tiles(plan, w.shape[0])
-    if plan.reduce == "max":
-        check_dst_csr(plan)
+    check_atomic_scatter(x, w, plan, scale)
     out = scatter_out(plan, w.shape[2], x.device)
     segment_gemm(
         x,
