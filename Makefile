@@ -10,11 +10,12 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # Create the venv, install the CPU build of torch when torch is missing (an unpinned torch
-# pulls several GB of CUDA packages), then the project with the extras the two commands need.
+# pulls several GB of CUDA packages), then the project with the extras the two commands need:
+# dev (test tools), peers (PyG, spconv, transformers: the equality tests) and distributed (Ray).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,peers,distributed]"
 	touch $(STAMP)
 
 demo: $(STAMP)
