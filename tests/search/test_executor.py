@@ -49,3 +49,17 @@ def test_bad_chunksize():
 def test_default_workers_is_positive():
     assert default_workers() >= 1
     assert LocalExecutor().workers == default_workers()
+
+
+def test_ray_executor_runs_on_a_local_ray_instance():
+    pytest.importorskip("ray")
+    from fusekit.search import RayExecutor
+
+    with RayExecutor(workers=1) as ex:
+        assert isinstance(ex, Executor)
+        assert ex.map(square, range(7), chunksize=3) == [i * i for i in range(7)]
+        assert ex.map(square, []) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        ex.map(square, [1])
+    with pytest.raises(ValueError, match="workers"):
+        RayExecutor(workers=0)

@@ -21,14 +21,23 @@ segment), spelled as in Efficient-GMS (DAC 2025):
 - ``G-(MS)seg``: gathered rows go through memory; the scatter is the GEMM epilogue.
 - ``(GMS)seg``: one kernel; nothing but ``X``, ``W`` and ``Y`` touches memory.
 
-A :class:`Strategy` is one order with one dataflow. This module only enumerates and names them;
-``fusekit.gms.dispatch`` runs them.
+A :class:`Strategy` is one order with one dataflow; a :class:`Config` adds the plan knobs (tile
+rows, destination blocks, pad/pack schedule) and the launch knobs (CPU threads and ``prange``
+chunking; the GPU's Triton tile, warps and stages). :func:`cpu_space` and :func:`gpu_space` are
+the configuration spaces the tuner searches (``fusekit.gms.search``). This module only
+enumerates and names; ``fusekit.gms.dispatch`` runs them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from fusekit.gms.launch import Launch
+from fusekit.gms.problem import SCHEDULES
+from fusekit.search.space import Knob, Space
 
 
 class Dataflow(StrEnum):
@@ -196,3 +205,146 @@ def default_strategy(reduce: str, rows: GemmRows) -> Strategy:
             if count < best_count:
                 best = order
     return Strategy(best, Dataflow.GMS_SEG)
+
+
+# ---- configurations: a strategy with its plan and launch knobs (issue 4) ----
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One point of a g-mm-s configuration space, ready to plan and launch.
+
+    Attributes:
+        strategy: the order and dataflow.
+        tile_rows: most pairs per tile (``plan(tile_rows=...)``).
+        blocks: destination blocks (``plan(blocks=...)``).
+        schedule: ``"pad"`` or ``"pack"`` (``plan(schedule=...)``).
+        launch: threads and chunking (CPU) or the Triton tile, warps and stages (GPU).
+    """
+
+    strategy: Strategy
+    tile_rows: int
+    blocks: int
+    schedule: str
+    launch: Launch
+
+    @property
+    def plan_knobs(self) -> tuple[int, int, str]:
+        """``(tile_rows, blocks, schedule)``: configurations with equal knobs share a plan."""
+        return self.tile_rows, self.blocks, self.schedule
+
+
+def _threads_values(cores: int) -> tuple[int, ...]:
+    """1, 2, 4, ... below ``cores``, and ``cores`` itself."""
+    values = {cores}
+    t = 1
+    while t < cores:
+        values.add(t)
+        t *= 2
+    return tuple(sorted(values))
+
+
+def _uses_items(point: Mapping[str, Any]) -> bool:
+    """Only the ``(GM)seg-S`` CPU kernel runs the plan's work items; ``pack`` changes no other."""
+    return Strategy.parse(point["strategy"]).dataflow is Dataflow.GM_SEG_S
+
+
+def cpu_space(reduce: str, cores: int) -> Space:
+    """The CPU configuration space of a reduce.
+
+    Knobs: strategy (every legal order x dataflow), ``tile_rows`` {16, 64, 256}, destination
+    blocks per thread {1, 4, 16}, ``schedule`` pad/pack (pack only where the kernel runs work
+    items), threads {1, 2, 4, ..., cores}, ``chunk`` {0: static, 1: dynamic} of ``prange``.
+
+    Args:
+        reduce: the problem's reduce.
+        cores: the target's cores.
+
+    Returns:
+        The space (points are dicts of those knobs).
+    """
+    names = tuple(s.name for s in enumerate_candidates(reduce))
+    return Space(
+        (
+            Knob("strategy", names, "order and dataflow"),
+            Knob("tile_rows", (16, 64, 256), "most pairs per tile"),
+            Knob("blocks_per_thread", (1, 4, 16), "destination blocks per thread"),
+            Knob("schedule", SCHEDULES, "work items: one tile, or packed small tiles"),
+            Knob("threads", _threads_values(cores), "numba and torch threads"),
+            Knob("chunk", (0, 1), "prange chunk: 0 static split, 1 dynamic"),
+        ),
+        constraints=(lambda p: p["schedule"] == "pad" or _uses_items(p),),
+    )
+
+
+def gpu_space(reduce: str, shared_mem_bytes: int, k: int, m: int, dtype_bytes: int) -> Space:
+    """The GPU configuration space of a reduce and operand widths.
+
+    Knobs: strategy, ``tile_rows`` {32, 64, 128, 256}, the Triton segment GEMM's ``block_e``
+    (pairs) {16, ..., 128}, ``block_m`` {16, ..., 128}, ``block_k`` {16, 32, 64}, ``num_warps``
+    {2, 4, 8}, ``num_stages`` {2, 3, 4}. Constraints: a program's rows fit a tile
+    (``block_e <= tile_rows``), blocks no wider than the operands need, and the pipelined operand
+    tiles fit shared memory: ``num_stages * (block_e + block_m) * block_k * bytes <= smem``.
+
+    Args:
+        reduce: the problem's reduce.
+        shared_mem_bytes: the target's shared memory per SM.
+        k: columns of ``x``.
+        m: columns of ``y``.
+        dtype_bytes: bytes per operand element.
+
+    Returns:
+        The space (several thousand points for ``K = M = 64``).
+    """
+    names = tuple(s.name for s in enumerate_candidates(reduce))
+    k_cap, m_cap = max(16, _next_pow2(k)), max(16, _next_pow2(m))
+    return Space(
+        (
+            Knob("strategy", names, "order and dataflow"),
+            Knob("tile_rows", (32, 64, 128, 256), "most pairs per tile"),
+            Knob("block_e", (16, 32, 64, 128), "pairs per program"),
+            Knob("block_m", (16, 32, 64, 128), "output columns per program"),
+            Knob("block_k", (16, 32, 64), "K step"),
+            Knob("num_warps", (2, 4, 8), "warps per program"),
+            Knob("num_stages", (2, 3, 4), "pipelining stages"),
+        ),
+        constraints=(
+            lambda p: p["block_e"] <= p["tile_rows"],
+            lambda p: p["block_m"] <= m_cap and p["block_k"] <= k_cap,
+            lambda p: (
+                p["num_stages"] * (p["block_e"] + p["block_m"]) * p["block_k"] * dtype_bytes
+                <= shared_mem_bytes
+            ),
+        ),
+    )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def config_of(point: Mapping[str, Any]) -> Config:
+    """The :class:`Config` of a CPU or GPU space point."""
+    strategy = Strategy.parse(point["strategy"])
+    if "threads" in point:
+        threads = int(point["threads"])
+        return Config(
+            strategy,
+            int(point["tile_rows"]),
+            int(point["blocks_per_thread"]) * threads,
+            str(point["schedule"]),
+            Launch(threads=threads, chunk=int(point["chunk"])),
+        )
+    return Config(
+        strategy,
+        int(point["tile_rows"]),
+        1,
+        "pad",
+        Launch(
+            block_e=int(point["block_e"]),
+            block_k=int(point["block_k"]),
+            block_m=int(point["block_m"]),
+            num_warps=int(point["num_warps"]),
+            num_stages=int(point["num_stages"]),
+        ),
+    )

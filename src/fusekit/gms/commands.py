@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import err_console, print_json, print_table
+from fusekit.console import console, err_console, print_json, print_table
 
 app = typer.Typer(
     help="Gather-matmul-scatter engine: plans, strategies and their timings.",
@@ -180,3 +180,246 @@ def run_records(
             }
         )
     return records
+
+
+# ---- tuning and explaining (issue 4) ----
+
+CacheOption = Annotated[
+    str | None,
+    typer.Option("--cache", help="Tuning cache file (default ~/.cache/fusekit/tuning.json)."),
+]
+KOption = Annotated[int, typer.Option("--k", help="Input width K.")]
+MOption = Annotated[int, typer.Option("--m", help="Output width M.")]
+
+
+def _problem(shape: str, seed: int, scale: float) -> tuple[Any, Any]:
+    from fusekit.gms import GMSProblem
+    from fusekit.gms import workloads as W
+
+    wl = W.make(shape, seed, scale)
+    problem = GMSProblem.create(
+        wl.gather, wl.segment, wl.scatter, wl.n_out, num_segments=wl.num_segments, reduce=wl.reduce
+    )
+    return wl, problem
+
+
+def _executor(name: str, workers: int | None) -> Any:
+    from fusekit.errors import expected
+    from fusekit.search import LocalExecutor, RayExecutor, SerialExecutor
+
+    if name == "serial":
+        return SerialExecutor()
+    if name == "local":
+        return LocalExecutor(workers)
+    if name == "ray":
+        return RayExecutor(workers)
+    raise ValueError(expected("gms tune", "executor", "serial, local or ray", repr(name)))
+
+
+@app.command()
+def tune(
+    shape: ShapeOption = "rgcn",
+    k: KOption = 32,
+    m: MOption = 32,
+    scale: ScaleOption = 0.25,
+    seed: SeedOption = 0,
+    budget: Annotated[
+        float, typer.Option(help="Share of the space (< 1) or number of points to measure.")
+    ] = 0.05,
+    exhaustive: Annotated[bool, typer.Option(help="Measure every point instead.")] = False,
+    executor: Annotated[
+        str, typer.Option(help="serial, local (process pool) or ray (measurements in parallel).")
+    ] = "serial",
+    workers: Annotated[int | None, typer.Option(help="Workers of local/ray executors.")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 5,
+    cache: CacheOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure the model's best configurations of a problem; cache them; refit the model."""
+    from fusekit.console import progress
+    from fusekit.gms.search import refit
+    from fusekit.gms.search import tune as run_tune
+    from fusekit.hw import detect
+    from fusekit.search import TuningCache, point_key
+
+    wl, problem = _problem(shape, seed, scale)
+    target = detect()
+    store = TuningCache(cache)
+    with progress(f"tuning {wl.name} ({wl.num_pairs} pairs)", None) as bar:
+
+        def advance(done: int, total: int) -> None:
+            bar.update(bar.task_ids[0], completed=done, total=total)
+
+        with _executor(executor, workers) as ex:
+            result = run_tune(
+                problem,
+                k,
+                m,
+                has_scale=wl.scale is not None,
+                target=target,
+                budget=budget,
+                exhaustive=exhaustive,
+                executor=ex,
+                cache=store,
+                repeats=repeats,
+                progress=advance,
+            )
+    coef = refit(store, target)
+    predicted = dict(zip((point_key(p) for p in _points(result)), result.predicted_s, strict=True))
+    rows = sorted(result.measured.items(), key=lambda kv: kv[1])
+    if as_json:
+        print_json(
+            {
+                "workload": wl.name,
+                "space": result.space_size,
+                "measured": result.measured,
+                "newly_measured": result.newly_measured,
+                "best": result.best_point,
+                "best_s": result.best_s,
+                "search_s": result.search_s,
+                "coef": coef,
+                "cache": str(store.path),
+            }
+        )
+        return
+    print_table(
+        f"gms tune {wl.name} (K={k}, M={m}): {len(rows)} of {result.space_size} points measured "
+        f"({result.newly_measured} new) in {result.search_s:.1f} s",
+        ("rank", "point", "predicted ms", "measured ms"),
+        [
+            (i + 1, key, 1e3 * predicted.get(key, float("nan")), 1e3 * t)
+            for i, (key, t) in enumerate(rows[:10])
+        ],
+    )
+    err_console.print(
+        f"best: {result.best_point} ({1e3 * result.best_s:.3f} ms); cache {store.path}; "
+        "model refitted on the cache's measurements"
+    )
+
+
+def _points(result: Any) -> list[Any]:
+    from fusekit.gms.search import space_of
+    from fusekit.hw import detect
+
+    return space_of(result.features, detect()).points()
+
+
+@app.command()
+def explain(
+    shape: ShapeOption = "rgcn",
+    k: KOption = 32,
+    m: MOption = 32,
+    scale: ScaleOption = 0.25,
+    seed: SeedOption = 0,
+    measure: Annotated[
+        bool, typer.Option(help="Also time each strategy's predicted-best configuration.")
+    ] = True,
+    cache: CacheOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Each strategy's predicted (and measured) time for a problem, and why the winner wins."""
+    records, why = explain_records(shape, k, m, scale, seed, measure, cache)
+    if as_json:
+        print_json({"strategies": records, "why": why})
+        return
+    print_table(
+        f"gms explain {shape} (K={k}, M={m}): each strategy at its predicted-best configuration",
+        ("strategy", "predicted ms", "measured ms", "where the time goes (model)", "config"),
+        [
+            (
+                r["strategy"],
+                1e3 * r["predicted_s"],
+                1e3 * r["measured_s"] if r["measured_s"] is not None else "-",
+                r["explain"],
+                r["config"],
+            )
+            for r in records
+        ],
+    )
+    console.print(why)
+
+
+def explain_records(
+    shape: str, k: int, m: int, scale: float, seed: int, measure: bool, cache: str | None
+) -> tuple[list[dict[str, Any]], str]:
+    """The rows ``fusekit gms explain`` prints, and its sentence on why the winner wins."""
+    import torch
+
+    from fusekit.gms import model, plan
+    from fusekit.gms.candidates import config_of
+    from fusekit.gms.features import features, signature
+    from fusekit.gms.search import MODEL_NAME, hardware_key, operands, run_config, space_of
+    from fusekit.gms.selector import select
+    from fusekit.hw import detect
+    from fusekit.search import TuningCache, time_call
+
+    wl, problem = _problem(shape, seed, scale)
+    target = detect()
+    store = TuningCache(cache)
+    has_scale = wl.scale is not None
+    f = features(plan(problem), k, m, torch.float32, has_scale)
+    coef = store.model(hardware_key(target), MODEL_NAME)
+    points = space_of(f, target).points()
+    configs = [config_of(p) for p in points]
+    predicted = model.predict(f, configs, target, coef)
+    best: dict[str, int] = {}
+    for i, p in enumerate(points):
+        if p["strategy"] not in best or predicted[i] < predicted[best[p["strategy"]]]:
+            best[p["strategy"]] = i
+    key = signature(problem, k, m, torch.float32, has_scale)
+    x, w, c = operands(key, problem, k, m, "float32", "cpu", has_scale)
+    records = []
+    for name, i in sorted(best.items(), key=lambda kv: predicted[kv[1]]):
+        breakdown = model.estimate(f, configs[i], target, coef)
+        measured = None
+        if measure:
+            measured = time_call(run_config(configs[i], key, problem, x, w, c), 5).median_s
+        records.append(
+            {
+                "strategy": name,
+                "predicted_s": float(predicted[i]),
+                "measured_s": measured,
+                "explain": breakdown.explain(),
+                "terms_s": breakdown.contributions_s(),
+                "config": _short(points[i]),
+            }
+        )
+    choice = select(f, target, key=key, cache=store, coef=coef)
+    return records, _why(records, choice.config.strategy.name, choice.source, f)
+
+
+def _short(point: dict[str, Any]) -> str:
+    """A point's knobs in a few characters: ``tile 64, blk/thr 4, pad, 2 thr, static``."""
+    if "threads" in point:
+        chunk = "dynamic" if point["chunk"] else "static"
+        return (
+            f"tile {point['tile_rows']}, blk/thr {point['blocks_per_thread']}, "
+            f"{point['schedule']}, {point['threads']} thr, {chunk}"
+        )
+    return ", ".join(f"{k} {v}" for k, v in point.items() if k != "strategy")
+
+
+def _why(records: list[dict[str, Any]], chosen: str, source: str, f: Any) -> str:
+    """One paragraph: what was chosen and by what, and the terms that separate the top two."""
+    first, second = records[0], records[1] if len(records) > 1 else None
+    lines = [f"selected: {chosen} (by the {source})."]
+    if second is not None:
+        gap = {
+            t: second["terms_s"].get(t, 0.0) - first["terms_s"].get(t, 0.0)
+            for t in set(first["terms_s"]) | set(second["terms_s"])
+        }
+        top = sorted(gap.items(), key=lambda kv: -abs(kv[1]))[:2]
+        parts = ", ".join(f"{t} {1e3 * v:+.3f} ms" for t, v in top)
+        lines.append(
+            f"model: {first['strategy']} beats {second['strategy']} by "
+            f"{1e3 * (second['predicted_s'] - first['predicted_s']):.3f} ms ({parts} for the "
+            f"runner-up); GEMM rows: pairwise {f.pairs}, transform-first {f.transform_rows}, "
+            f"aggregate-first {f.aggregate_rows}."
+        )
+    measured = [r for r in records if r["measured_s"] is not None]
+    if measured:
+        fastest = min(measured, key=lambda r: r["measured_s"])
+        lines.append(
+            f"measured: {fastest['strategy']} is fastest ({1e3 * fastest['measured_s']:.3f} ms)."
+        )
+    return " ".join(lines)

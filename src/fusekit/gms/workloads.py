@@ -215,6 +215,72 @@ def make(shape: str, seed: int = 0, scale: float = 1.0) -> Workload:
     return moe_shaped(seed, tokens=max(1, int(4_096 * scale)))
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Sized:
+    """A workload with operand widths: one problem of a tuning or selection study.
+
+    Attributes:
+        workload: the indices.
+        k: columns of ``x``.
+        m: columns of ``y``.
+    """
+
+    workload: Workload
+    k: int
+    m: int
+
+    @property
+    def label(self) -> str:
+        """E.g. ``"rgcn-synthetic#3 E=12000 K=32 M=64 mean"``."""
+        wl = self.workload
+        return f"{wl.name} E={wl.num_pairs} K={self.k} M={self.m} {wl.reduce}"
+
+
+def varied(seed: int, count: int) -> list[Sized]:
+    """``count`` varied problems of the three families, for tuning and selection studies.
+
+    Problem ``i`` uses family ``i mod 3`` (RGCN, conv, MoE) and a generator seeded with
+    ``seed + i``: RGCN graphs of 1k-8k nodes, 10-90 relations, 2k-12k triples, reduce mean
+    (60%), sum or max; LiDAR-like scans of 3k-10k voxels on 2-8 planes; MoE batches of
+    64-2048 tokens over 4-32 experts, top-1/2/4. ``K`` and ``M`` are drawn independently from
+    {16, 32, 64, 128} ({64, 128} for MoE). Sizes keep one call in the milliseconds on a laptop.
+
+    Args:
+        seed: the first generator seed (disjoint seed ranges give disjoint problem sets).
+        count: how many problems.
+
+    Returns:
+        The problems, in order.
+    """
+    import random
+    from dataclasses import replace
+
+    out = []
+    for i in range(count):
+        rng = random.Random(seed + i)
+        family = SHAPES[i % 3]
+        if family == "rgcn":
+            wl = rgcn_shaped(
+                seed + i,
+                nodes=rng.randint(1_000, 8_000),
+                relations=rng.choice((10, 20, 45, 90)),
+                triples=rng.randint(2_000, 12_000),
+            )
+            wl = replace(wl, reduce=rng.choice(("mean", "mean", "mean", "sum", "max")))
+            widths = (16, 32, 64, 128)
+        elif family == "conv":
+            wl = conv_shaped(seed + i, voxels=rng.randint(3_000, 10_000), planes=rng.randint(2, 8))
+            widths = (16, 32, 64, 128)
+        else:
+            experts = rng.choice((4, 8, 16, 32))
+            top_k = rng.choice([t for t in (1, 2, 4) if t <= experts])
+            wl = moe_shaped(seed + i, rng.choice((64, 256, 1024, 2048)), experts, top_k)
+            widths = (64, 128)
+        wl = replace(wl, name=f"{wl.name}#{seed + i}")
+        out.append(Sized(wl, rng.choice(widths), rng.choice(widths)))
+    return out
+
+
 def _zipf(n: int, count: int, exponent: float, gen: torch.Generator) -> torch.Tensor:
     import torch
 

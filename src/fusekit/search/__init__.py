@@ -1,12 +1,35 @@
-"""Search infrastructure shared by the parts: executors that run evaluations in parallel.
+"""Search infrastructure shared by the parts: spaces, measurement, a tuning cache, executors.
 
-Only the executors exist so far; config spaces, pruning, measurement and caches come with the
-issues that need them.
+The pieces of every tuner (see ``fusekit.gms.search`` for the g-mm-s one)::
+
+    Space of Knobs  --model-->  top_k points  --time_call-->  TuningCache  (per point, atomic)
+    (the measuring runs through an Executor: serial, local processes or Ray)
 """
 
+from fusekit.search.cache import TuningCache as TuningCache
 from fusekit.search.executor import Executor as Executor
 from fusekit.search.executor import LocalExecutor as LocalExecutor
+from fusekit.search.executor import RayExecutor as RayExecutor
 from fusekit.search.executor import SerialExecutor as SerialExecutor
 from fusekit.search.executor import default_workers as default_workers
+from fusekit.search.measure import Timing as Timing
+from fusekit.search.measure import time_call as time_call
+from fusekit.search.space import Knob as Knob
+from fusekit.search.space import Space as Space
+from fusekit.search.space import point_key as point_key
+from fusekit.search.space import top_k as top_k
 
-__all__ = ["Executor", "LocalExecutor", "SerialExecutor", "default_workers"]
+__all__ = [
+    "Executor",
+    "Knob",
+    "LocalExecutor",
+    "RayExecutor",
+    "SerialExecutor",
+    "Space",
+    "Timing",
+    "TuningCache",
+    "default_workers",
+    "point_key",
+    "time_call",
+    "top_k",
+]

@@ -7,12 +7,13 @@ chunks of candidates) and gets the results back in item order::
         scores = ex.map(evaluate_chunk, chunks, chunksize=1)
 
 Every executor satisfies the :class:`Executor` protocol (``map`` plus ``workers`` and context
-management), so a cluster executor (Ray, issue 4) can be added next to these two without changing
-any searcher: it needs the same ``map(fn, items, chunksize)`` returning results in order.
+management), so a searcher runs unchanged on one core, on a local process pool, or on a Ray
+cluster (:class:`RayExecutor`, the ``distributed`` extra).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -142,7 +143,10 @@ class LocalExecutor:
         if self._workers == 1:
             return [fn(item) for item in items]
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self._workers)
+            # spawn, not fork: forking a process whose OpenMP runtime (torch, numba) is running
+            # aborts the child ("fork() called from a process already using GNU OpenMP")
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=context)
         return list(self._pool.map(fn, items, chunksize=chunksize))
 
     def close(self) -> None:
@@ -151,6 +155,102 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _run_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
+    return [fn(item) for item in chunk]
+
+
+class RayExecutor:
+    """Runs items as Ray tasks, locally or on a cluster (``pip install 'fusekit[distributed]'``).
+
+    ``ray`` is imported and initialised on the first :meth:`map`: with ``address`` it connects to
+    a running cluster (``"auto"`` finds the local one), otherwise it starts a private local
+    instance with ``workers`` CPUs. Items are sent ``chunksize`` at a time, one task per chunk.
+
+    Args:
+        workers: CPUs of the local instance, and the parallelism reported by :attr:`workers`;
+            ``None`` means :func:`default_workers`.
+        address: a Ray cluster address, or None for a private local instance.
+
+    Raises:
+        ValueError: ``workers`` is not a positive int.
+    """
+
+    def __init__(self, workers: int | None = None, address: str | None = None) -> None:
+        if workers is None:
+            workers = default_workers()
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(expected("RayExecutor", "workers", "an int >= 1", repr(workers)))
+        self._workers = workers
+        self._address = address
+        self._started = False
+        self._closed = False
+
+    @property
+    def workers(self) -> int:
+        """CPUs Ray may use for the tasks."""
+        return self._workers
+
+    def _ray(self):  # type: ignore[no-untyped-def]
+        try:
+            import ray
+        except ImportError as e:
+            raise ImportError(
+                "RayExecutor: expected the 'ray' package (pip install 'fusekit[distributed]')"
+            ) from e
+        if not ray.is_initialized():
+            if self._address is not None:
+                ray.init(address=self._address, log_to_driver=False)
+            else:
+                ray.init(
+                    num_cpus=self._workers,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            self._started = True
+        return ray
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 1) -> list[R]:
+        """Apply ``fn`` to every item as Ray tasks (see :meth:`Executor.map`).
+
+        Raises:
+            RuntimeError: the executor was closed.
+            ImportError: ray is not installed.
+        """
+        _check_chunksize(chunksize)
+        if self._closed:
+            raise RuntimeError("RayExecutor: expected an open executor (got a closed one)")
+        items = list(items)
+        if not items:
+            return []
+        ray = self._ray()
+        task = ray.remote(_run_chunk)
+        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        fn_ref = ray.put(fn)
+        results = ray.get([task.remote(fn_ref, chunk) for chunk in chunks])
+        return [r for chunk in results for r in chunk]
+
+    def close(self) -> None:
+        """Shut down the local Ray instance this executor started (a cluster stays up)."""
+        self._closed = True
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
 
     def __enter__(self) -> Self:
         return self

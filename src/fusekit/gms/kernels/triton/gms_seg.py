@@ -206,11 +206,22 @@ def segment_gemm(
     """
     import torch
 
+    from fusekit.gms.launch import current
+
     tile_segment, tile_start, tile_end = tiles
     n_tiles, m = tile_segment.shape[0], w.shape[2]
     if n_tiles == 0 or m == 0 or out.shape[0] == 0:
         return out
-    grid = (n_tiles, triton.cdiv(m, BLOCK_M))
+    # the tuned tile (fusekit.gms.launch), else this file's defaults
+    cfg = current()
+    block_e, block_k = cfg.block_e or BLOCK_E, cfg.block_k or BLOCK_K
+    block_m = cfg.block_m or BLOCK_M
+    options = {
+        name: value
+        for name, value in (("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages))
+        if value is not None
+    }
+    grid = (n_tiles, triton.cdiv(m, block_m))
     _segment_gemm_kernel[grid](
         a,
         a_index if a_index is not None else tile_start,
@@ -237,9 +248,10 @@ def segment_gemm(
         HAS_SCALE=scale is not None,
         EPILOGUE=epilogue,
         DOT_F32=a.dtype == torch.float32 or (INTERPRETED and a.dtype == torch.bfloat16),
-        BLOCK_E=BLOCK_E,
-        BLOCK_K=BLOCK_K,
-        BLOCK_M=BLOCK_M,
+        BLOCK_E=block_e,
+        BLOCK_K=block_k,
+        BLOCK_M=block_m,
+        **options,
     )
     return out
 

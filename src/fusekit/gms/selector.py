@@ -1,0 +1,319 @@
+"""Choose a strategy and a configuration for a problem in microseconds, without measuring.
+
+Two selectors, compared in ``benchmarks/gms_select.py`` (the more accurate one is the default):
+
+* **tree** (:class:`TreeSelector`): a multi-output regression tree (scikit-learn) over the
+  problem's feature vector. It is trained on tuned problems: for every training problem and every
+  candidate configuration (the configurations that were best or near-best on some problem), the
+  target is ``log2(time / best time)``; the tree groups problems whose candidates rank alike, and
+  a leaf answers the candidate with the smallest mean slowdown that is legal for the problem's
+  reduce. Inference walks the exported arrays in plain Python (no scikit-learn, no pickle):
+  a few microseconds.
+* **model** (:func:`select_by_model`): the argmin of the performance model over the whole space
+  (``fusekit.gms.model``); works for any target, GPUs included, with no training at all.
+
+:func:`select` answers, in this order: the tuning cache's measured best for exactly this problem,
+the tree (CPU targets, when one is trained for the problem's dtype), the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fusekit.errors import expected
+from fusekit.gms import model
+from fusekit.gms.candidates import Config, Order, Strategy, config_of
+from fusekit.gms.features import VECTOR_NAMES, Features
+from fusekit.search.space import Point, point_key
+
+if TYPE_CHECKING:
+    from fusekit.hw import CPUTarget, GPUTarget
+    from fusekit.search.cache import TuningCache
+
+#: The shipped tree, trained by ``benchmarks/gms_select.py --train`` on this project's CPU.
+DEFAULT_TREE = "selector_tree.json"
+TREE_FORMAT = "fusekit-gms-selector-tree"
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A selected configuration.
+
+    Attributes:
+        config: what to plan and launch.
+        point: the same as a space point.
+        source: ``"cache"`` (this problem was tuned), ``"tree"`` or ``"model"``.
+        predicted_s: the model's time for it (always given, for ``explain``).
+    """
+
+    config: Config
+    point: Point
+    source: str
+    predicted_s: float
+
+
+def _legal(point: Mapping[str, Any], reduce: str) -> bool:
+    return Strategy.parse(point["strategy"]).order.allows(reduce)
+
+
+def _for_target(point: Mapping[str, Any], cores_trained: int, cores: int) -> Point:
+    """A trained point on another CPU: "all cores" stays all cores, and never more than it has."""
+    out = dict(point)
+    if "threads" in out:
+        out["threads"] = (
+            cores if int(out["threads"]) >= cores_trained else min(int(out["threads"]), cores)
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSelector:
+    """A trained regression tree, as plain arrays (see the module docstring).
+
+    Attributes:
+        candidates: the configurations a leaf may answer.
+        feature: ``[nodes]`` index into :data:`~fusekit.gms.features.VECTOR_NAMES`, -1 at leaves.
+        threshold: ``[nodes]`` go left when ``vector[feature] <= threshold``.
+        left: ``[nodes]`` left child.
+        right: ``[nodes]`` right child.
+        value: ``[nodes][candidates]`` mean ``log2`` slowdown of each candidate at the node.
+        dtype: the dtype it was trained on.
+        cores: the CPU cores of the machine it was trained on.
+        trained_on: training problems.
+    """
+
+    candidates: tuple[Point, ...]
+    feature: tuple[int, ...]
+    threshold: tuple[float, ...]
+    left: tuple[int, ...]
+    right: tuple[int, ...]
+    value: tuple[tuple[float, ...], ...]
+    dtype: str
+    cores: int
+    trained_on: int
+    _memo: dict[tuple[int, str], int] = field(default_factory=dict, compare=False, repr=False)
+
+    def leaf(self, vector: Sequence[float]) -> int:
+        """The leaf a feature vector falls into."""
+        node = 0
+        while self.feature[node] >= 0:
+            go_left = vector[self.feature[node]] <= self.threshold[node]
+            node = self.left[node] if go_left else self.right[node]
+        return node
+
+    def choose(self, f: Features) -> Point:
+        """The leaf's candidate with the least mean slowdown that is legal for ``f.reduce``."""
+        node = self.leaf(f.vector())
+        key = (node, f.reduce)
+        if key not in self._memo:
+            ranked = sorted(range(len(self.candidates)), key=lambda i: self.value[node][i])
+            self._memo[key] = next(i for i in ranked if _legal(self.candidates[i], f.reduce))
+        return dict(self.candidates[self._memo[key]])
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data (the file format of :func:`load_tree`)."""
+        return {
+            "format": TREE_FORMAT,
+            "vector": list(VECTOR_NAMES),
+            "dtype": self.dtype,
+            "cores": self.cores,
+            "trained_on": self.trained_on,
+            "candidates": [dict(c) for c in self.candidates],
+            "feature": list(self.feature),
+            "threshold": list(self.threshold),
+            "left": list(self.left),
+            "right": list(self.right),
+            "value": [list(v) for v in self.value],
+        }
+
+    @classmethod
+    def from_json(cls, blob: Mapping[str, Any], source: str = "tree") -> TreeSelector:
+        """Read :meth:`to_json`'s form.
+
+        Raises:
+            ValueError: another format, another feature vector, or inconsistent arrays.
+        """
+        if blob.get("format") != TREE_FORMAT or list(blob.get("vector", [])) != list(VECTOR_NAMES):
+            raise ValueError(expected("selector", source, f"a {TREE_FORMAT} file", "another"))
+        n = len(blob["feature"])
+        if not all(len(blob[k]) == n for k in ("threshold", "left", "right", "value")):
+            raise ValueError(expected("selector", source, "arrays of one length per node", "not"))
+        return cls(
+            candidates=tuple(dict(c) for c in blob["candidates"]),
+            feature=tuple(int(v) for v in blob["feature"]),
+            threshold=tuple(float(v) for v in blob["threshold"]),
+            left=tuple(int(v) for v in blob["left"]),
+            right=tuple(int(v) for v in blob["right"]),
+            value=tuple(tuple(float(x) for x in row) for row in blob["value"]),
+            dtype=str(blob["dtype"]),
+            cores=int(blob["cores"]),
+            trained_on=int(blob["trained_on"]),
+        )
+
+
+def train_tree(
+    problems: Sequence[tuple[Features, Mapping[str, float]]],
+    cores: int,
+    max_candidates: int = 48,
+    min_samples_leaf: int = 2,
+    max_depth: int = 6,
+) -> TreeSelector:
+    """Train the tree on tuned problems.
+
+    Args:
+        problems: ``(features, measured)`` per problem, ``measured`` mapping point keys to
+            seconds; every candidate should be measured on every problem (exhaustive tunes).
+            A candidate not measured on a problem counts as the problem's slowest point.
+        cores: cores of the machine the measurements come from.
+        max_candidates: keep the configurations with the smallest geometric-mean slowdown
+            among those that were within 5% of the best on some problem (or of the best that
+            a max reduce may run: aggregate-first is not one).
+        min_samples_leaf: fewest training problems per leaf.
+        max_depth: deepest split.
+
+    Returns:
+        The trained :class:`TreeSelector`.
+
+    Raises:
+        ValueError: no problems, or problems of several dtypes.
+    """
+    import numpy as np
+    from sklearn.tree import DecisionTreeRegressor
+
+    if not problems:
+        raise ValueError(expected("train_tree", "problems", "at least one", 0))
+    dtypes = {f.dtype for f, _ in problems}
+    if len(dtypes) != 1:
+        raise ValueError(expected("train_tree", "problems", "one dtype", sorted(dtypes)))
+    near: set[str] = set()
+    for _, measured in problems:
+        # the near-best points, and the near-best of those that a max reduce may run
+        for allowed in (
+            measured,
+            {k: v for k, v in measured.items() if _legal(json.loads(k), "max")},
+        ):
+            if allowed:
+                best = min(allowed.values())
+                near |= {k for k, v in allowed.items() if v <= 1.05 * best}
+    keys = sorted(near)
+
+    def slowdowns(measured: Mapping[str, float]) -> list[float]:
+        best, worst = min(measured.values()), max(measured.values())
+        return [math.log2(measured.get(k, worst) / best) for k in keys]
+
+    y = np.array([slowdowns(m) for _, m in problems])
+    keep = np.argsort(y.mean(0), kind="stable")[:max_candidates]
+    keys, y = [keys[i] for i in keep], y[:, keep]
+    x = np.array([f.vector() for f, _ in problems])
+    tree = DecisionTreeRegressor(
+        min_samples_leaf=min_samples_leaf, max_depth=max_depth, random_state=0
+    ).fit(x, y)
+    t = tree.tree_
+    return TreeSelector(
+        candidates=tuple(json.loads(k) for k in keys),
+        feature=tuple(int(v) if v >= 0 else -1 for v in t.feature),
+        threshold=tuple(float(v) for v in t.threshold),
+        left=tuple(int(v) for v in t.children_left),
+        right=tuple(int(v) for v in t.children_right),
+        value=tuple(tuple(float(x) for x in row[:, 0]) for row in t.value),
+        dtype=next(iter(dtypes)),
+        cores=cores,
+        trained_on=len(problems),
+    )
+
+
+def load_tree(path: Path | str | None = None) -> TreeSelector | None:
+    """The tree at ``path``, or the shipped one; None when the shipped one does not exist."""
+    if path is None:
+        ref = resources.files("fusekit.gms").joinpath(DEFAULT_TREE)
+        if not ref.is_file():
+            return None
+        return TreeSelector.from_json(json.loads(ref.read_text()), DEFAULT_TREE)
+    return TreeSelector.from_json(json.loads(Path(path).read_text()), str(path))
+
+
+def select_by_model(
+    f: Features, target: CPUTarget | GPUTarget, coef: Mapping[str, float] | None = None
+) -> Choice:
+    """The performance model's best point of the whole space (any target, no training)."""
+    from fusekit.gms.search import space_of
+
+    points = space_of(f, target).points()
+    predicted = model.predict(f, [config_of(p) for p in points], target, coef)
+    i = int(predicted.argmin())
+    return Choice(config_of(points[i]), points[i], "model", float(predicted[i]))
+
+
+_TREE: list[TreeSelector | None] = []
+
+
+def select(
+    f: Features,
+    target: CPUTarget | GPUTarget,
+    *,
+    key: str | None = None,
+    cache: TuningCache | None = None,
+    tree: TreeSelector | None = None,
+    coef: Mapping[str, float] | None = None,
+    method: str = "auto",
+) -> Choice:
+    """Choose a configuration without measuring.
+
+    Args:
+        f: the problem's features.
+        target: where it runs.
+        key: the problem's signature; with ``cache``, a tuned problem gets its measured best.
+        cache: the tuning cache.
+        tree: a trained tree; the shipped one when None.
+        coef: model coefficients (for the model and for ``predicted_s``).
+        method: ``"auto"`` (cache, then tree, then model), ``"tree"`` or ``"model"``.
+
+    Returns:
+        The :class:`Choice`.
+
+    Raises:
+        ValueError: unknown ``method``, or ``"tree"`` with no tree for this problem.
+    """
+    from fusekit.gms.search import MODEL_NAME, hardware_key
+    from fusekit.hw import CPUTarget
+
+    if method not in ("auto", "tree", "model"):
+        raise ValueError(expected("select", "method", "auto, tree or model", repr(method)))
+    hw = hardware_key(target)
+    if coef is None and cache is not None:
+        coef = cache.model(hw, MODEL_NAME)
+    if method == "auto" and cache is not None and key is not None:
+        entry = cache.lookup(hw, key)
+        if entry is not None:
+            point = json.loads(entry.best()[0])
+            return _choice(point, "cache", f, target, coef)
+    if method != "model" and isinstance(target, CPUTarget):
+        if tree is None:
+            if not _TREE:
+                _TREE.append(load_tree())
+            tree = _TREE[0]
+        if tree is not None and tree.dtype == f.dtype:
+            point = _for_target(tree.choose(f), tree.cores, target.cores)
+            return _choice(point, "tree", f, target, coef)
+    if method == "tree":
+        raise ValueError(expected("select", "tree", f"a tree for {f.dtype} on a CPU", "none"))
+    return select_by_model(f, target, coef)
+
+
+def _choice(
+    point: Point,
+    source: str,
+    f: Features,
+    target: CPUTarget | GPUTarget,
+    coef: Mapping[str, float] | None,
+) -> Choice:
+    cfg = config_of(point)
+    if cfg.strategy.order is Order.AGGREGATE_FIRST and f.aggregate_rows is None:
+        raise ValueError(expected("select", "point", "legal for the reduce", point_key(point)))
+    return Choice(cfg, point, source, model.estimate(f, cfg, target, coef).total_s)

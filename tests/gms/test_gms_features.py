@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from fusekit.gms import GMSProblem, plan
+from fusekit.gms.features import VECTOR_NAMES, features, signature
+
+
+def _problem(reduce="sum"):
+    # pairs (g, s, d): (s=0, g=0) twice, (s=0, d=1) twice; segment 2 empty
+    g = torch.tensor([0, 0, 1, 2, 2])
+    s = torch.tensor([0, 0, 1, 1, 3])
+    d = torch.tensor([1, 1, 0, 3, 3])
+    return GMSProblem.create(g, s, d, 5, n_in=4, num_segments=4, reduce=reduce)
+
+
+def test_features_count_rows_of_every_order_and_skew():
+    f = features(plan(_problem()), 8, 16, torch.float32, has_scale=True)
+    assert (f.pairs, f.segments, f.n_in, f.n_out, f.k, f.m) == (5, 4, 4, 5, 8, 16)
+    assert f.transform_rows == 4  # distinct (s, g): (0,0) (1,1) (1,2) (3,2)
+    assert f.aggregate_rows == 4  # distinct (s, d): (0,1) (1,0) (1,3) (3,3)
+    assert f.gather_rows == 3 and f.scatter_rows == 3
+    assert f.max_row_pairs == 2
+    assert f.segment_pairs == (2, 2, 0, 1)
+    assert sum(f.transform_segment_rows) == 4 and sum(f.aggregate_segment_rows) == 4
+    assert f.dtype == "fp32" and f.reduce == "sum" and f.has_scale
+    assert f.group == "fp32,sum"
+    assert len(f.vector()) == len(VECTOR_NAMES)
+    # segment sizes 2, 2, 1: mean 5/3, population std sqrt(2/9)
+    assert f.segment_cv == pytest.approx((2 / 9) ** 0.5 / (5 / 3))
+
+
+def test_max_has_no_aggregate_order():
+    f = features(plan(_problem("max")), 8, 8, torch.bfloat16, has_scale=False)
+    assert f.aggregate_rows is None and f.aggregate_segment_rows == ()
+    assert f.dtype == "bf16" and f.vector()[VECTOR_NAMES.index("log2_pairs_per_aggregate_row")] == 0
+
+
+def test_features_reject_bad_arguments():
+    pl = plan(_problem())
+    with pytest.raises(ValueError, match="'k'"):
+        features(pl, 0, 8, torch.float32, False)
+    with pytest.raises(TypeError, match="dtype"):
+        features(pl, 8, 8, torch.int32, False)
+    with pytest.raises(ValueError, match="orders"):
+        features(plan(_problem(), orders=False), 8, 8, torch.float32, False)
+
+
+def test_signature_is_stable_and_tells_problems_apart():
+    p = _problem()
+    key = signature(p, 8, 8, torch.float32, False)
+    assert key == signature(_problem(), 8, 8, torch.float32, False)
+    assert key != signature(p, 8, 16, torch.float32, False)
+    assert key != signature(p, 8, 8, torch.float32, True)
+    assert key != signature(_problem("mean"), 8, 8, torch.float32, False)

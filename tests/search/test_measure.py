@@ -1,0 +1,28 @@
+import pytest
+
+from fusekit.search import time_call
+
+
+def test_time_call_warms_up_then_times_repeats():
+    calls = []
+    timing = time_call(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6
+    assert timing.samples == 4
+    assert 0 <= timing.q10_s <= timing.median_s <= timing.q90_s
+
+
+def test_time_call_extends_short_calls_to_min_total():
+    timing = time_call(lambda: None, repeats=1, warmup=0, min_total_s=1e-4)
+    assert timing.samples > 1
+
+
+def test_time_call_quantiles_with_many_samples():
+    timing = time_call(lambda: None, repeats=20, warmup=0)
+    assert timing.samples == 20 and timing.q10_s <= timing.median_s <= timing.q90_s
+
+
+def test_time_call_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats"):
+        time_call(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        time_call(lambda: None, warmup=-1)
