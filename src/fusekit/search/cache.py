@@ -111,7 +111,8 @@ class TuningCache:
                 problem = "no 'entries' mapping"
             if problem is None:
                 blob.setdefault("models", {})
-                return blob
+                content: dict[str, Any] = blob
+                return content
         except (OSError, ValueError) as e:
             problem = f"unreadable ({type(e).__name__}: {e})"
         if not self._warned:

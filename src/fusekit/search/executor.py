@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
-from typing import Protocol, Self, TypeVar, runtime_checkable
+from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 from fusekit.errors import expected
 
@@ -203,7 +203,7 @@ class RayExecutor:
         """CPUs Ray may use for the tasks."""
         return self._workers
 
-    def _ray(self):  # type: ignore[no-untyped-def]
+    def _ray(self) -> Any:
         try:
             import ray
         except ImportError as e:
