@@ -52,6 +52,9 @@ def test_cpu_terms_by_hand():
     assert t["random_dram"] == 0
     assert t["tiles"] == pytest.approx(16 / 2 * 1e-6)
     assert t["calls"] == pytest.approx(1 * 5e-6)
+    assert t["dynamic"] == 0  # static prange
+    dynamic = model.estimate(_features(), _config(chunk=1), TARGET).terms_s["dynamic"]
+    assert dynamic == pytest.approx(8 / 2 * 1e-7)  # the 8 blocks handed out one at a time
     assert b.eta == 1.0
     coef = model.DEFAULT_COEF
     assert b.total_s == pytest.approx(sum(coef[k] * v for k, v in t.items()))
@@ -110,7 +113,7 @@ def test_fit_recovers_known_coefficients_and_keeps_unused_defaults():
     rng = np.random.default_rng(0)
     terms = rng.uniform(0.1, 1.0, size=(200, len(model.TERMS)))
     terms[:, model.TERMS.index("atomics")] = 0.0  # never exercised
-    truth = np.array([1.5, 0.8, 1.2, 2.5, 0.4, 0.9, 3.0, 0.0])
+    truth = np.array([1.5, 0.8, 1.2, 2.5, 0.4, 0.9, 0.7, 3.0, 0.0])
     times = terms @ truth
     coef = model.fit(terms, times, prior_weight=0.0)
     for name, value in zip(model.TERMS[:-1], truth[:-1], strict=True):

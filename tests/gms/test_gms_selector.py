@@ -91,6 +91,11 @@ def test_select_prefers_a_tuned_answer_then_the_tree_then_the_model(tmp_path):
     cache.record(hardware_key(TARGET), key, f.group, f.vector(), {point_key(THIRD): 1e-3})
     tuned = select(f, TARGET, key=key, cache=cache, tree=tree)
     assert tuned.source == "cache" and tuned.point == THIRD
+    similar = features(plan(small_problem(seed=1)), 8, 8, torch.float32, False)
+    near = select(similar, TARGET, cache=cache, tree=tree)
+    assert near.source == "nearest" and near.point == THIRD
+    wide = features(plan(small_problem(seed=1)), 128, 8, torch.float32, False)  # 4 doublings
+    assert select(wide, TARGET, cache=cache, tree=tree).source == "tree"
     assert select(f, TARGET, tree=tree, method="model").source == "model"
     bf16 = features(plan(problem), 8, 8, torch.bfloat16, False)
     assert select(bf16, TARGET, tree=tree).source == "model"  # the tree knows fp32 only

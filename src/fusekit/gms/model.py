@@ -12,6 +12,8 @@ The prediction is a weighted sum of roofline times, one per kind of work::
                                                                 matrix is larger than the LLC
     random_cache = the same for matrices that fit the LLC        (cache-resident rows)
     tiles        = tiles / P * 1 us                              per-tile loop and reload overhead
+    dynamic      = prange iterations / P * 0.1 us  (chunk 1 only)  handing out rows and blocks one
+                                                                at a time instead of P slices
     calls        = kernel calls * launch overhead                Python dispatch / GPU launches
     atomics      = atomic row bytes / bw * pairs per scatter row fused scatter on a GPU
 
@@ -48,6 +50,7 @@ TERMS: tuple[str, ...] = (
     "random_dram",
     "random_cache",
     "tiles",
+    "dynamic",
     "calls",
     "atomics",
 )
@@ -62,12 +65,14 @@ DEFAULT_COEF: Mapping[str, float] = {
     "random_dram": 2.0,
     "random_cache": 0.33,
     "tiles": 1.0,
+    "dynamic": 1.0,
     "calls": 3.0,
     "atomics": 1.0,
 }
 
 LINE_BYTES = 64
 TILE_OVERHEAD_S = 1e-6
+DYNAMIC_ITERATION_S = 1e-7
 #: Warp-stages per SM assumed to hide memory latency fully (GPU; unvalidated without a GPU).
 WARP_STAGES_SATURATED = 16
 
@@ -183,12 +188,14 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
 
     stream = (f.segments * k * m + f.n_out * m) * elem  # W once, Y written once
     calls = 0
+    iterations = 0.0  # prange iterations of every kernel (matter only when handed out one by one)
     # ---- the order's own pass ----
     if order is Order.AGGREGATE_FIRST:
         rows_at_random(f.pairs, k, x_fits)  # X[g] rows summed per (s, d)
         if flow is not Dataflow.GMS_SEG:  # the composition writes A and reads it back
             stream += 2 * r * k * elem
             calls += 1
+            iterations += r
         src_rows, src_fits = 0.0, True  # the GEMM reads A (or the prologue's sums)
     else:
         src_rows, src_fits = float(r), x_fits
@@ -196,6 +203,7 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
         stream += r * m * elem
         rows_at_random(f.pairs, m, r * m * elem <= llc)
         calls += 1
+        iterations += f.n_out
         dst_rows, dst_fits = 0.0, True
     else:
         dst_rows, dst_fits = float(r), y_fits
@@ -211,6 +219,9 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
     rows_at_random(dst_rows, m, dst_fits)  # read-modify-write of the destination rows
     calls += 1 + gathered + products
     vendor = flow is Dataflow.G_MSEG_S
+    scatter_rows = f.n_out if dst_rows else r  # transform-first's GEMM writes T[V] row by row
+    iterations += r * gathered + scatter_rows * products
+    iterations += 0 if vendor else (tiles if flow is Dataflow.GM_SEG_S else cfg.blocks)
     if vendor:
         calls += sum(1 for n in seg_rows if n)
     gemm_s = 2.0 * (r if vendor else r_pad) * k * (m if vendor else m_pad) / flops_s
@@ -221,6 +232,7 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
         "random_dram": random["dram"] / bw / eta,
         "random_cache": random["cache"] / bw / eta,
         "tiles": 0.0 if vendor else tiles / threads * TILE_OVERHEAD_S,
+        "dynamic": iterations / threads * DYNAMIC_ITERATION_S if cfg.launch.chunk else 0.0,
         "calls": calls * target.launch_overhead_s,
         "atomics": 0.0,
     }
@@ -281,6 +293,7 @@ def gpu_terms(f: Features, cfg: Config, target: GPUTarget) -> tuple[dict[str, fl
         "random_dram": random / bw,
         "random_cache": l2_bytes / bw,
         "tiles": 0.0,
+        "dynamic": 0.0,
         "calls": calls * target.launch_overhead_s,
         "atomics": r * m * 4 / bw * dup if atomic else 0.0,
     }

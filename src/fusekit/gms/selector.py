@@ -13,7 +13,9 @@ Two selectors, compared in ``benchmarks/gms_select.py`` (the more accurate one i
   (``fusekit.gms.model``); works for any target, GPUs included, with no training at all.
 
 :func:`select` answers, in this order: the tuning cache's measured best for exactly this problem,
-the tree (CPU targets, when one is trained for the problem's dtype), the model.
+the measured best of the nearest tuned problem of the same dtype and reduce (within
+:data:`NEAREST_DISTANCE`), the tree (CPU targets, when one is trained for the problem's dtype),
+the model.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 #: The shipped tree, trained by ``benchmarks/gms_select.py --train`` on this project's CPU.
 DEFAULT_TREE = "selector_tree.json"
 TREE_FORMAT = "fusekit-gms-selector-tree"
+#: How far (Euclidean, in the log2 units of ``Features.vector``) a tuned problem may be from a
+#: new one for its measured best to answer it: about one doubling of one size or ratio.
+NEAREST_DISTANCE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,8 @@ class Choice:
     Attributes:
         config: what to plan and launch.
         point: the same as a space point.
-        source: ``"cache"`` (this problem was tuned), ``"tree"`` or ``"model"``.
+        source: ``"cache"`` (this problem was tuned), ``"nearest"`` (a similar one was),
+            ``"tree"`` or ``"model"``.
         predicted_s: the model's time for it (always given, for ``explain``).
     """
 
@@ -269,10 +275,10 @@ def select(
         f: the problem's features.
         target: where it runs.
         key: the problem's signature; with ``cache``, a tuned problem gets its measured best.
-        cache: the tuning cache.
+        cache: the tuning cache (exact and nearest answers, fitted coefficients).
         tree: a trained tree; the shipped one when None.
         coef: model coefficients (for the model and for ``predicted_s``).
-        method: ``"auto"`` (cache, then tree, then model), ``"tree"`` or ``"model"``.
+        method: ``"auto"`` (cache, nearest, tree, model), ``"tree"`` or ``"model"``.
 
     Returns:
         The :class:`Choice`.
@@ -288,11 +294,13 @@ def select(
     hw = hardware_key(target)
     if coef is None and cache is not None:
         coef = cache.model(hw, MODEL_NAME)
-    if method == "auto" and cache is not None and key is not None:
-        entry = cache.lookup(hw, key)
+    if method == "auto" and cache is not None:
+        entry = cache.lookup(hw, key) if key is not None else None
         if entry is not None:
-            point = json.loads(entry.best()[0])
-            return _choice(point, "cache", f, target, coef)
+            return _choice(json.loads(entry.best()[0]), "cache", f, target, coef)
+        near = cache.nearest(hw, f.group, f.vector(), max_distance=NEAREST_DISTANCE)
+        if near is not None:
+            return _choice(json.loads(near[0].best()[0]), "nearest", f, target, coef)
     if method != "model" and isinstance(target, CPUTarget):
         if tree is None:
             if not _TREE:
