@@ -13,7 +13,7 @@ _WIDTH = 16
 
 def build(options: TourOptions) -> Section:
     """The gms section: the plan of a synthetic RGCN layer and each strategy's median time."""
-    from fusekit.gms.commands import run_records
+    from fusekit.gms.commands import explain_records, run_records
 
     records = run_records(
         "rgcn",
@@ -50,6 +50,21 @@ def build(options: TourOptions) -> Section:
         x="impl",
         y="speedup_vs_aten",
     )
+    explained, why = explain_records("rgcn", _WIDTH, _WIDTH, _SCALE, options.seed, True, None)
+    selection = Table(
+        "Each strategy at its predicted-best configuration: model against measurement",
+        ("strategy", "predicted ms", "measured ms", "where the time goes (model)"),
+        tuple(
+            (
+                r["strategy"],
+                round(1e3 * r["predicted_s"], 3),
+                round(1e3 * r["measured_s"], 3),
+                r["explain"],
+            )
+            for r in explained
+        ),
+        note=why,
+    )
     return Section(
         title="gms: gather-matmul-scatter",
         summary=(
@@ -68,6 +83,13 @@ def build(options: TourOptions) -> Section:
             ),
             table,
             chart,
+            Text(
+                "Choosing without measuring: the performance model (fusekit/gms/model.py) "
+                "predicts every configuration of the space; `fusekit gms explain` prints this "
+                "table, `fusekit gms tune` measures the model's best few and caches them, and "
+                "benchmarks/gms_search.py and gms_select.py measure how good both choices are."
+            ),
+            selection,
         ),
         records=tuple(records),
     )
