@@ -23,8 +23,12 @@ from DRAM, no pipelining across ops, the same tiling and partition); fused, the 
 in the global buffer (``fused_gb``) or the output buffer (``fused_cluster``) and only the problem
 inputs and the final output touch DRAM.
 
-Energy: ``sum(accesses x energy per access)`` over DRAM, global, input, weight and output
-buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x hop_pj_per_byte``.
+Energy (COMET's form): ``sum(accesses x energy per access)`` over DRAM, global, input, weight
+and output buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x
+hop_pj_per_byte``. An access moves one word (``hw.word_bytes``); the model counts one tensor
+element as one word, for bandwidth and energy alike. GEMM operands follow the weight-stationary
+reuse of :func:`gemm_accesses`: weights that fit the PEs stay there across row blocks instead of
+being re-read from the global buffer for every block.
 """
 
 from __future__ import annotations
@@ -209,26 +213,20 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
             cvar = next(v for v in st.out_vars if v != problem.row)
             ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
             kt = m.tile_red if i == 0 else ext[kvar]
-            tiles = clusters * steps * (ext[cvar] // ct) * (ext[kvar] // kt)
             cyc = (ext[cvar] // ct) * (ext[kvar] // kt) * systolic_cycles(m.tile_row, kt, ct, hw)
             dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
-            # GB -> IB/WB once per tile; A re-read per weight-buffer chunk of B columns
-            wb_words = wbuf.size_bytes // wb // (2 if wbuf.double_buffered else 1)
-            chunk = max(1, min(ct, wb_words // kt))
-            a_words = tiles * m.tile_row * kt * math.ceil(ct / chunk)
-            b_words = tiles * kt * ct
-            ob_updates = tiles * m.tile_row * ct * math.ceil(kt / hw.systolic.pe_rows)
-            col_span = hw.systolic.pe_cols * hw.systolic.grid_cols
+            g = gemm_accesses(problem, m, st, ct, kt, steps, hw)
             to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
             e = {
                 "mac": clusters * steps * points * hw.mac_pj,
-                "global": (a_words + b_words) * gb.read_pj
+                "global": (g.a_gb_reads + g.b_gb_reads) * gb.read_pj
                 + (dram_words - out_words * writes_out) * gb.write_pj
                 + out_words * to_gb * gb.write_pj
                 + out_words * writes_out * gb.read_pj,
-                "buffers": a_words * (ib.write_pj + math.ceil(chunk / col_span) * ib.read_pj)
-                + b_words * (wbuf.write_pj + wbuf.read_pj)
-                + ob_updates * (ob.write_pj + ob.read_pj),
+                "buffers": g.a_gb_reads * ib.write_pj
+                + g.a_ib_reads * ib.read_pj
+                + g.b_gb_reads * (wbuf.write_pj + wbuf.read_pj)
+                + g.ob_updates * (ob.write_pj + ob.read_pj),
             }
             resource = "systolic"
             if kvar == problem.col and m.spatial_col > 1:
@@ -272,6 +270,81 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
         dram_words=sum(o.dram_words for o in ops),
         energy_by_part_pj=parts,
         ops=tuple(ops),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GemmAccesses:
+    """On-chip accesses of one GEMM stage over every cluster and step, in words.
+
+    Attributes:
+        a_gb_reads: input words read from the global buffer (each written once to the IB).
+        a_ib_reads: input words streamed from the IB into the arrays (multicast along a round).
+        b_gb_reads: weight words loaded GB -> weight buffer -> PEs (a WB write and read each).
+        ob_updates: partial-sum words written to (and read back from) the output buffer.
+    """
+
+    a_gb_reads: int
+    a_ib_reads: int
+    b_gb_reads: int
+    ob_updates: int
+
+
+def _loads(order: tuple[str, ...], factor: dict[str, int], uses: tuple[str, ...]) -> int:
+    """Tile (re)loads of a tensor: loop factors down to the innermost loop that indexes it."""
+    n = count = 1
+    for v in order:  # outermost first
+        if factor[v] > 1:
+            n *= factor[v]
+            if v in uses:
+                count = n
+    return count
+
+
+def gemm_accesses(
+    problem: Problem, m: Mapping, st: Stage, ct: int, kt: int, steps: int, hw: Accelerator
+) -> GemmAccesses:
+    r"""Buffer accesses of a weight-stationary GEMM on every cluster's array grid.
+
+    One tile is ``tr x kt`` inputs (A) by ``kt x ct`` weights (B). Its ``ceil(kt/R) ceil(ct/C)``
+    folds go to the ``G`` arrays in ``rounds = ceil(folds / G)`` rounds. Timeloop's stationarity
+    rule (:func:`fusekit.accel.nest.fills`) over the cluster's tile loops (``steps`` row blocks,
+    ``n_c`` column tiles, ``n_k`` contraction tiles, in the mapping's order) gives the loads:
+
+    .. math::
+
+        B_{GB} = P \cdot L_B \cdot k_t c_t, \quad
+        A_{GB} = P \cdot L_A \cdot t_r k_t, \quad
+        A_{IB} = P \cdot T \cdot \text{rounds} \cdot t_r k_t, \quad
+        O = P \cdot T \cdot t_r c_t \lceil k_t / R \rceil
+
+    with ``P`` clusters, ``T = steps n_c n_k`` tiles per cluster and ``L`` the product of the loop
+    factors down to the innermost loop indexing the tensor. The weights stay in the PEs (and A in
+    the input buffer) across the loops that do not index them only when they fit there: one round
+    (``L_B = T`` otherwise) and ``tr kt`` within the double-buffered IB (``L_A = T rounds``
+    otherwise). Each fold's partial sums are written to the OB and read back once.
+    """
+    s = hw.systolic
+    row = problem.row
+    kvar = st.reduced_vars[0]
+    cvar = next(v for v in st.out_vars if v != row)
+    clusters = m.spatial_row * m.spatial_col
+    n_c, n_k = _extent(problem, m, cvar) // ct, _extent(problem, m, kvar) // kt
+    k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
+    rounds = math.ceil(k_folds * c_folds / (s.grid_rows * s.grid_cols))
+    order = m.order if st is problem.stages[0] else (row, cvar, kvar)
+    factor = {row: steps, cvar: n_c, kvar: n_k}
+    tiles = steps * n_c * n_k  # per cluster
+    ib = hw.level("input")
+    ib_words = ib.size_bytes // hw.word_bytes // (2 if ib.double_buffered else 1)
+    b_loads = _loads(order, factor, (cvar, kvar)) if rounds == 1 else tiles
+    a_fits = m.tile_row * kt <= ib_words
+    a_loads = _loads(order, factor, (row, kvar)) if a_fits else tiles * rounds
+    return GemmAccesses(
+        a_gb_reads=clusters * a_loads * m.tile_row * kt,
+        a_ib_reads=clusters * tiles * rounds * m.tile_row * kt,
+        b_gb_reads=clusters * b_loads * kt * ct,
+        ob_updates=clusters * tiles * m.tile_row * ct * k_folds,
     )
 
 
