@@ -3,8 +3,22 @@ import itertools
 
 import pytest
 
-from fusekit.accel import Fusion, Mapping, attention, evaluate, gemm, gemm_layernorm, gemm_softmax
+from fusekit.accel import (
+    Fusion,
+    Mapping,
+    MappingError,
+    attention,
+    check_mapping,
+    evaluate,
+    from_tree,
+    gemm,
+    gemm_layernorm,
+    gemm_softmax,
+    make_problem,
+    to_tree,
+)
 from fusekit.accel.candidates import enumerate_mappings
+from fusekit.accel.mapping import BindingKind
 from fusekit.accel.model import (
     _dram_fills,
     gemm_accesses,
@@ -140,3 +154,63 @@ def test_weights_stay_in_the_arrays_across_loops_that_do_not_index_them():
     assert gemm_accesses(p, outer_m, st, 32, 32, 4, EDGE).a_gb_reads == 2 * 64 * 64
     mkn = Mapping(Fusion.UNFUSED, 1, 1, 16, 32, 32, ("m", "k", "n"))
     assert gemm_accesses(p, mkn, st, 32, 32, 4, EDGE).a_gb_reads == 64 * 64
+
+
+@pytest.mark.parametrize(
+    ("binding", "want"),
+    [
+        # per row block: DRAM 2048/25 = 81.92, arrays 102, SIMD 96 cycles; 8 blocks
+        (BindingKind.PARALLEL, 81.92 + 102 + 7 * 102),  # pipe(D, max(S, V))
+        (BindingKind.PIPELINE, 81.92 + 102 + 96 + 7 * 102),  # pipe(D, S, V)
+        (BindingKind.SHARING, 81.92 + 198 + 7 * 198),  # pipe(D, S + V)
+        (BindingKind.SEQUENTIAL, 8 * (81.92 + 198)),
+    ],
+)
+def test_hand_computed_bindings_of_independent_ops(binding, want):
+    # a GEMM and an exp that share no data: S = A B on the arrays, T = exp(C) on the SIMD unit
+    p = make_problem(
+        "two", ["S[m,n] += A[m,k] * B[k,n]", "T[m,n] = exp(C[m,n])"], {"m": 64, "n": 64, "k": 32}
+    )
+    assert p.outputs == ("S", "T") and p.independent()
+    m = Mapping(Fusion.FUSED_GB, 1, 1, 8, 64, 32, ("m", "n", "k"), binding)
+    check_mapping(p, EDGE, m)
+    assert systolic_cycles(8, 32, 64, EDGE) == 2 * 32 + 32 + 8 - 2  # 2 folds, one round
+    assert simd_cycles(p.stages[1], 8 * 64, 8 * 64, EDGE) == 32 * 3  # 32 vectors of exp
+    b = evaluate(p, EDGE, m)
+    assert b.dram_words == 2048 + 2048 + 4096 + 4096 + 4096  # A, B, C read; S, T written
+    assert b.latency_cycles == pytest.approx(want)
+    assert from_tree(p, to_tree(p, m), EDGE) == m
+
+
+def test_sharing_on_gemm_softmax_serialises_arrays_and_simd():
+    p = gemm_softmax(64, 64, 32)
+    m = Mapping(Fusion.FUSED_GB, 1, 4, 8, 16, 32, ("m", "n", "k"), BindingKind.SHARING)
+    b = evaluate(p, EDGE, m)
+    gemm_step = 102
+    simd_step = 8 * 4 + 8 * (3 + 1) + 8 * 4 + 8 * 1
+    coll_step = 2 * ((2 * (5 + 64 / 64)) + (2 * 5 + 64 / 64))
+    dram_step = (64 * 32 + 32 * 64 + 64 * 64) / 8 / 25
+    work = gemm_step + simd_step + coll_step
+    assert b.latency_cycles == pytest.approx(dram_step + work + 7 * max(dram_step, work))
+    pipe = evaluate(p, EDGE, dataclasses.replace(m, binding=BindingKind.PIPELINE))
+    assert pipe.energy_pj == b.energy_pj and pipe.latency_cycles < b.latency_cycles
+
+
+def test_sharing_keeps_one_row_block_live_where_pipeline_needs_two():
+    # fused in the cluster: the output buffer holds 8192 words (double-buffered 128 KiB)
+    p = gemm_softmax(256, 1024, 64)
+    m = Mapping(Fusion.FUSED_CLUSTER, 1, 1, 8, 256, 64, ("m", "n", "k"), BindingKind.SHARING)
+    check_mapping(p, EDGE, m)  # 8 x 1024 words live
+    with pytest.raises(MappingError, match=r"tile\[output\].*2 x 8x1024"):
+        check_mapping(p, EDGE, dataclasses.replace(m, binding=BindingKind.PIPELINE))
+
+
+def test_parallel_needs_independent_ops():
+    m = Mapping(Fusion.FUSED_GB, 1, 1, 8, 64, 32, ("m", "n", "k"), BindingKind.PARALLEL)
+    with pytest.raises(MappingError, match=r"bind.*independent.*op X reads S"):
+        check_mapping(gemm_softmax(64, 64, 32), EDGE, m)
+    p = gemm_softmax(64, 64, 32)
+    assert {m.binding for m in enumerate_mappings(p, EDGE)} == {
+        BindingKind.PIPELINE,
+        BindingKind.SHARING,
+    }

@@ -16,12 +16,14 @@ Per row-block step, on each cluster:
   the next op depends on the reduced value, so they stall it);
 * DRAM cycles: words moved by all clusters / DRAM words per cycle.
 
-A *pipeline* binding overlaps the resources across steps: ramp-up and ramp-down give
-``latency = sum(stage) + (steps - 1) * max(stage)``; a *sequential* binding gives
-``steps * sum(stage)``. Unfused, each op is its own pass (intermediates written to and read back
-from DRAM, no pipelining across ops, the same tiling and partition); fused, the intermediates stay
-in the global buffer (``fused_gb``) or the output buffer (``fused_cluster``) and only the problem
-inputs and the final output touch DRAM.
+The binding combines the per-step work of the units (:func:`bind_latency`): a *pipeline*
+overlaps DRAM, systolic arrays and SIMD unit across steps, with ramp-up and ramp-down,
+``latency = sum(stage) + (steps - 1) * max(stage)``; *sharing* time-multiplexes the compute
+units within a step (arrays and SIMD in series, DRAM overlapped); *parallel* (independent ops
+only) overlaps them within a step; *sequential* gives ``steps * sum(stage)``. Unfused, each op
+is its own pass (intermediates written to and read back from DRAM, no pipelining across ops, the
+same tiling and partition); fused, the intermediates stay in the global buffer (``fused_gb``) or
+the output buffer (``fused_cluster``) and only the problem inputs and outputs touch DRAM.
 
 Energy (COMET's form): ``sum(accesses x energy per access)`` over DRAM, global, input, weight
 and output buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x
@@ -44,7 +46,7 @@ from fusekit.accel.collectives import (
     collective_cost,
     group_on_mesh,
 )
-from fusekit.accel.mapping import Fusion, Mapping
+from fusekit.accel.mapping import BindingKind, Fusion, Mapping
 from fusekit.accel.problem import Problem, Stage
 from fusekit.hw import Accelerator
 
@@ -163,6 +165,34 @@ def pipelined(stages: list[float], steps: int, pipeline: bool) -> float:
     return steps * sum(stages)
 
 
+def bind_latency(
+    binding: BindingKind, dram: float, systolic: float, simd: float, steps: int
+) -> float:
+    r"""Latency of ``steps`` row blocks bound by ``binding`` (one cluster's ops of a block).
+
+    Per block, the ops need ``dram`` cycles of DRAM traffic, ``systolic`` cycles of the arrays
+    and ``simd`` cycles of the SIMD unit (collective stalls included):
+
+    .. math::
+
+        \text{sequential: } n (D + S + V) \qquad
+        \text{pipeline: } \mathrm{pipe}(D, S, V) \qquad
+        \text{sharing: } \mathrm{pipe}(D, S + V) \qquad
+        \text{parallel: } \mathrm{pipe}(D, \max(S, V))
+
+    with :math:`\mathrm{pipe}(x_1..x_j) = \sum x + (n - 1) \max x` (ramp-up and ramp-down):
+    pipelined units overlap across blocks; shared units serve the children one after another
+    within a block; parallel (independent) children overlap within the block.
+    """
+    if binding is BindingKind.PIPELINE:
+        return pipelined([dram, systolic, simd], steps, True)
+    if binding is BindingKind.SHARING:
+        return pipelined([dram, systolic + simd], steps, True)
+    if binding is BindingKind.PARALLEL:
+        return pipelined([dram, max(systolic, simd)], steps, True)
+    return steps * (dram + systolic + simd)
+
+
 def _extent(problem: Problem, m: Mapping, var: str) -> int:
     """Per-cluster extent of ``var`` within one row block (the rows are ``tile_row``)."""
     if var == problem.row:
@@ -197,6 +227,7 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
     parts = dict.fromkeys(("dram", "global", "buffers", "mac", "simd", "network"), 0.0)
     lat_stage = {"dram": 0.0, "systolic": 0.0, "simd": 0.0}  # per step, fused
     unfused_cycles = 0.0
+    sequential = m.binding is BindingKind.SEQUENTIAL
     rates = _rates(problem, hw)
     lanes = hw.simd_width
     for i, st in enumerate(problem.stages):
@@ -204,7 +235,7 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
         points = math.prod(ext.values())  # per cluster per step
         out_points = math.prod(ext[v] for v in st.out_vars)
         reads_in = [t for t in st.inputs if t in problem.inputs or not fused]
-        writes_out = st.out == problem.output or not fused
+        writes_out = st.out in problem.outputs or not fused
         out_words = clusters * out_points * steps
         dram_words = float(out_words if writes_out else 0)
         coll: CollectiveKind | None = None
@@ -262,8 +293,9 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
             lat_stage["dram"] += dram_words / steps / dram_wpc
         else:
             dram_step = dram_words / steps / dram_wpc
-            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, m.pipeline)
-    latency = pipelined(list(lat_stage.values()), steps, m.pipeline) if fused else unfused_cycles
+            # one op per nest: every binding but sequential overlaps its DRAM and compute
+            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, not sequential)
+    latency = bind_latency(m.binding, *lat_stage.values(), steps) if fused else unfused_cycles
     return Breakdown(
         latency_cycles=latency,
         energy_pj=sum(parts.values()),

@@ -15,7 +15,7 @@ or replaced by their least value:
 with the compulsory traffic the problem inputs and outputs (plus every intermediate written and
 read back once when unfused); per op and summed when unfused. One bound serves every loop
 order, binding and collective model of a (fusion, partition, tiles) point, so it is computed
-once per point. The fronts of the chunks are merged at the end.
+once per point (and binding). The fronts of the chunks are merged at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from fusekit.accel.model import (
     _extent,
     _points_of,
     _rates,
+    bind_latency,
     evaluate,
     pipelined,
     systolic_cycles,
@@ -105,8 +106,8 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
     It keeps every term of :func:`fusekit.accel.model.evaluate` that does not depend on the loop
     order, the binding or the collective model, and drops the others (collectives, DRAM re-fetches,
     re-loads of operand tiles that a loop order may avoid), so that one bound serves every mapping
-    with the same fusion level, partition and tiles. Each kept term is at most its counterpart in
-    ``evaluate``, and the pipelined latency grows with each stage, hence the bound.
+    with the same fusion level, binding, partition and tiles. Each kept term is at most its
+    counterpart in ``evaluate``, and the latency grows with each stage, hence the bound.
     """
     row = problem.row
     fused = m.fusion is not Fusion.UNFUSED
@@ -129,7 +130,7 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
         points = math.prod(ext.values())
         out_points = math.prod(ext[v] for v in st.out_vars)
         words = sum(problem.size(t) for t in st.inputs if t in problem.inputs or not fused)
-        words += problem.size(st.out) if st.out == problem.output or not fused else 0
+        words += problem.size(st.out) if st.out in problem.outputs or not fused else 0
         if st.kind == "gemm":
             kvar = st.reduced_vars[0]
             cvar = next(v for v in st.out_vars if v != row)
@@ -165,8 +166,8 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
         else:
             unfused_cycles += pipelined([words / steps / dram_wpc, cyc], steps, True)
     if fused:
-        stages = [words_total / steps / dram_wpc, *stage_cycles.values()]
-        return pipelined(stages, steps, True), energy
+        dram_step = words_total / steps / dram_wpc
+        return bind_latency(m.binding, dram_step, *stage_cycles.values(), steps), energy
     return unfused_cycles, energy
 
 
@@ -224,7 +225,15 @@ def evaluate_chunk(
         front = fronts.setdefault(m.fusion, [])
         mine = best.setdefault(m.fusion, {})
         if prune and front:
-            key = (m.fusion, m.spatial_row, m.spatial_col, m.tile_row, m.tile_col, m.tile_red)
+            key = (
+                m.fusion,
+                m.binding,
+                m.spatial_row,
+                m.spatial_col,
+                m.tile_row,
+                m.tile_col,
+                m.tile_red,
+            )
             if key not in bounds:
                 bounds[key] = lower_bound(problem, hw, m)
             lb = Scored(m, *bounds[key])
