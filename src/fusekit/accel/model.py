@@ -230,18 +230,17 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
     sequential = m.binding is BindingKind.SEQUENTIAL
     rates = _rates(problem, hw)
     lanes = hw.simd_width
+    ext = _extents(problem, m)  # per cluster, within one row block
     for i, st in enumerate(problem.stages):
-        ext = {v: _extent(problem, m, v) for v in st.vars}
-        points = math.prod(ext.values())  # per cluster per step
-        out_points = math.prod(ext[v] for v in st.out_vars)
+        points = math.prod(map(ext.__getitem__, st.vars))  # per cluster per step
+        out_points = math.prod(map(ext.__getitem__, st.out_vars))
         reads_in = [t for t in st.inputs if t in problem.inputs or not fused]
         writes_out = st.out in problem.outputs or not fused
         out_words = clusters * out_points * steps
         dram_words = float(out_words if writes_out else 0)
         coll: CollectiveKind | None = None
         if st.kind == "gemm":
-            kvar = st.reduced_vars[0]
-            cvar = next(v for v in st.out_vars if v != problem.row)
+            kvar, cvar = st.reduced_vars[0], _col_var(st, problem.row)
             ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
             kt = m.tile_red if i == 0 else ext[kvar]
             cyc = (ext[cvar] // ct) * (ext[kvar] // kt) * systolic_cycles(m.tile_row, kt, ct, hw)
@@ -267,7 +266,11 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
             cyc = -(-points // lanes) * r.body_cycles + -(-out_points // lanes) * r.out_cycles
             dram_words += sum(problem.size(t) for t in reads_in)
             # SIMD operands: every input point read from the near level, the output written
-            in_words = clusters * steps * sum(_points_of(problem, m, t) for t in st.inputs)
+            in_words = (
+                clusters
+                * steps
+                * sum(math.prod(map(ext.__getitem__, problem.tensors[t])) for t in st.inputs)
+            )
             lvl = near if fused else gb
             near_e = in_words * lvl.read_pj + out_words * lvl.write_pj
             e = {
@@ -358,8 +361,7 @@ def gemm_accesses(
     """
     s = hw.systolic
     row = problem.row
-    kvar = st.reduced_vars[0]
-    cvar = next(v for v in st.out_vars if v != row)
+    kvar, cvar = st.reduced_vars[0], _col_var(st, row)
     clusters = m.spatial_row * m.spatial_col
     n_c, n_k = _extent(problem, m, cvar) // ct, _extent(problem, m, kvar) // kt
     k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
@@ -378,6 +380,20 @@ def gemm_accesses(
         b_gb_reads=clusters * b_loads * kt * ct,
         ob_updates=clusters * tiles * m.tile_row * ct * k_folds,
     )
+
+
+def _col_var(st: Stage, row: str) -> str:
+    """The first output variable of a GEMM stage that is not the row variable."""
+    out = st.out_vars
+    return out[1] if out[0] == row else out[0]
+
+
+def _extents(problem: Problem, m: Mapping) -> dict[str, int]:
+    """Per-cluster extent of every variable within one row block (see :func:`_extent`)."""
+    ext = dict(problem.extents)
+    ext[problem.row] = m.tile_row
+    ext[problem.col] = ext[problem.col] // m.spatial_col
+    return ext
 
 
 def _points_of(problem: Problem, m: Mapping, tensor: str) -> int:

@@ -32,6 +32,7 @@ from typing import Literal
 from fusekit.accel.candidates import enumerate_mappings
 from fusekit.accel.mapping import Fusion, Mapping
 from fusekit.accel.model import (
+    _col_var,
     _extent,
     _points_of,
     _rates,
@@ -133,7 +134,7 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
         words += problem.size(st.out) if st.out in problem.outputs or not fused else 0
         if st.kind == "gemm":
             kvar = st.reduced_vars[0]
-            cvar = next(v for v in st.out_vars if v != row)
+            cvar = _col_var(st, row)
             ct = m.tile_col if i == 0 else ext[cvar]
             kt = m.tile_red if i == 0 else ext[kvar]
             n_c, n_k = ext[cvar] // ct, ext[kvar] // kt
