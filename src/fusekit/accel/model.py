@@ -10,7 +10,8 @@ Per row-block step, on each cluster:
 
 * GEMM cycles (ScaleSim form, Samajdar et al. 2020): ``folds * (2 R + C + T - 2)`` with
   ``R x C`` PEs per array, ``T`` streamed rows and ``folds = ceil(ceil(k/R) ceil(c/C) / arrays)``,
-  once per column tile and contraction tile;
+  once per column tile and contraction tile, less the ``R``-cycle weight preload of the tiles
+  whose weights are still in the PEs (:func:`gemm_accesses`);
 * SIMD cycles: ``sum over lane-ops of ceil(points / width) * cycles(op)``;
 * collective cycles from :mod:`fusekit.accel.collectives` (on the SIMD chain's critical path:
   the next op depends on the reduced value, so they stall it);
@@ -100,12 +101,19 @@ class Breakdown:
         return "\n".join(lines)
 
 
-def systolic_cycles(rows_streamed: int, k: int, c: int, hw: Accelerator) -> int:
-    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays."""
+def systolic_cycles(
+    rows_streamed: int, k: int, c: int, hw: Accelerator, preload: bool = True
+) -> int:
+    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays.
+
+    ``folds x (2 R + C + T - 2)``: ``R`` cycles to preload a fold's weights, then ``R + C + T - 2``
+    to stream ``T`` rows through; ``preload=False`` leaves out the first part (weights already in
+    the PEs from the previous row block).
+    """
     s = hw.systolic
     folds = math.ceil(k / s.pe_rows) * math.ceil(c / s.pe_cols)
     per_array = math.ceil(folds / (s.grid_rows * s.grid_cols))
-    return per_array * (2 * s.pe_rows + s.pe_cols + rows_streamed - 2)
+    return per_array * (s.pe_rows * preload + s.pe_rows + s.pe_cols + rows_streamed - 2)
 
 
 def simd_cycles(stage: Stage, points: int, out_points: int, hw: Accelerator) -> int:
@@ -243,9 +251,13 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
             kvar, cvar = st.reduced_vars[0], _col_var(st, problem.row)
             ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
             kt = m.tile_red if i == 0 else ext[kvar]
-            cyc = (ext[cvar] // ct) * (ext[kvar] // kt) * systolic_cycles(m.tile_row, kt, ct, hw)
-            dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
             g = gemm_accesses(problem, m, st, ct, kt, steps, hw)
+            stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
+            preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
+            # per step: every tile streams its rows; weights are preloaded only when (re)loaded
+            tiles = steps * (ext[cvar] // ct) * (ext[kvar] // kt)
+            cyc = (tiles * stream + g.weight_loads * preload) / steps
+            dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
             to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
             e = {
                 "mac": clusters * steps * points * hw.mac_pj,
@@ -317,12 +329,14 @@ class GemmAccesses:
         a_ib_reads: input words streamed from the IB into the arrays (multicast along a round).
         b_gb_reads: weight words loaded GB -> weight buffer -> PEs (a WB write and read each).
         ob_updates: partial-sum words written to (and read back from) the output buffer.
+        weight_loads: weight tiles loaded into one cluster's arrays (``L_B`` below).
     """
 
     a_gb_reads: int
     a_ib_reads: int
     b_gb_reads: int
     ob_updates: int
+    weight_loads: int
 
 
 def _loads(order: tuple[str, ...], factor: dict[str, int], uses: tuple[str, ...]) -> int:
@@ -379,6 +393,7 @@ def gemm_accesses(
         a_ib_reads=clusters * tiles * rounds * m.tile_row * kt,
         b_gb_reads=clusters * b_loads * kt * ct,
         ob_updates=clusters * tiles * m.tile_row * ct * k_folds,
+        weight_loads=b_loads,
     )
 
 

@@ -138,12 +138,15 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
             ct = m.tile_col if i == 0 else ext[cvar]
             kt = m.tile_red if i == 0 else ext[kvar]
             n_c, n_k = ext[cvar] // ct, ext[kvar] // kt
-            cyc = n_c * n_k * systolic_cycles(m.tile_row, kt, ct, hw)
             k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
             rounds = math.ceil(k_folds * c_folds / arrays)
             tiles = clusters * steps * n_c * n_k
             # fewest loads in any loop order: each distinct tile once, when it stays resident
-            b_loads = clusters * n_c * n_k if rounds == 1 else tiles
+            weight_loads = n_c * n_k if rounds == 1 else steps * n_c * n_k  # per cluster
+            b_loads = clusters * weight_loads
+            stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
+            preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
+            cyc = (steps * n_c * n_k * stream + weight_loads * preload) / steps
             a_loads = clusters * steps * n_k if m.tile_row * kt <= ib_words else tiles * rounds
             a_gb, b_gb = a_loads * m.tile_row * kt, b_loads * kt * ct
             energy += (a_gb + b_gb) * gb.read_pj + a_gb * ib.write_pj
