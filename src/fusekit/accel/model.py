@@ -133,8 +133,8 @@ def simd_energy_pj(stage: Stage, points: int, out_points: int, hw: Accelerator) 
 
 
 @dataclass(frozen=True, slots=True)
-class _StageRates:
-    """Per-stage constants: SIMD cycles per vector and energy per point, by body and output."""
+class StageRates:
+    """Per-stage SIMD constants: cycles per vector and energy per point, by body and output."""
 
     body_cycles: int
     out_cycles: int
@@ -142,17 +142,13 @@ class _StageRates:
     out_pj: float
 
 
-_RATES: dict[tuple[object, ...], tuple[Problem, Accelerator, tuple[_StageRates, ...]]] = {}
+def simd_rates(problem: Problem, hw: Accelerator) -> tuple[StageRates, ...]:
+    """The SIMD constants of every stage of ``problem`` on ``hw`` (zero for GEMM stages).
 
-
-def _rates(problem: Problem, hw: Accelerator) -> tuple[_StageRates, ...]:
-    """SIMD constants of every stage, cached per (problem, accelerator) object."""
-    key = (id(problem), id(hw))
-    hit = _RATES.get(key)
-    if hit is not None and hit[0] is problem and hit[1] is hw:
-        return hit[2]
-    rates = tuple(
-        _StageRates(
+    :func:`evaluate` computes them when not given; the mapper computes them once per search.
+    """
+    return tuple(
+        StageRates(
             sum(n * hw.simd_cycles(op) for op, n in st.simd_ops),
             sum(n * hw.simd_cycles(op) for op, n in st.per_out_ops),
             sum(n * hw.simd_energy_pj(op) for op, n in st.simd_ops),
@@ -160,10 +156,6 @@ def _rates(problem: Problem, hw: Accelerator) -> tuple[_StageRates, ...]:
         )
         for st in problem.stages
     )
-    if len(_RATES) > 64:
-        _RATES.clear()
-    _RATES[key] = (problem, hw, rates)
-    return rates
 
 
 def pipelined(stages: list[float], steps: int, pipeline: bool) -> float:
@@ -210,13 +202,19 @@ def _extent(problem: Problem, m: Mapping, var: str) -> int:
     return problem.extents[var]
 
 
-def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
+def evaluate(
+    problem: Problem,
+    hw: Accelerator,
+    m: Mapping,
+    rates: tuple[StageRates, ...] | None = None,
+) -> Breakdown:
     """Latency and energy of ``problem`` on ``hw`` under mapping ``m`` (see the module docstring).
 
     Args:
         problem: the compound op.
         hw: the accelerator.
         m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
+        rates: ``simd_rates(problem, hw)``, computed here when not given.
 
     Returns:
         The breakdown.
@@ -236,7 +234,7 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
     lat_stage = {"dram": 0.0, "systolic": 0.0, "simd": 0.0}  # per step, fused
     unfused_cycles = 0.0
     sequential = m.binding is BindingKind.SEQUENTIAL
-    rates = _rates(problem, hw)
+    rates = rates or simd_rates(problem, hw)
     lanes = hw.simd_width
     ext = _extents(problem, m)  # per cluster, within one row block
     for i, st in enumerate(problem.stages):

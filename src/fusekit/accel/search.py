@@ -32,13 +32,14 @@ from typing import Literal
 from fusekit.accel.candidates import enumerate_mappings
 from fusekit.accel.mapping import Fusion, Mapping
 from fusekit.accel.model import (
+    StageRates,
     _col_var,
     _extent,
     _points_of,
-    _rates,
     bind_latency,
     evaluate,
     pipelined,
+    simd_rates,
     systolic_cycles,
 )
 from fusekit.accel.problem import Problem, make_problem
@@ -101,7 +102,12 @@ class SearchResult:
         return self.evaluated / self.wall_s / self.workers if self.wall_s > 0 else math.inf
 
 
-def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, float]:
+def lower_bound(
+    problem: Problem,
+    hw: Accelerator,
+    m: Mapping,
+    rates: tuple[StageRates, ...] | None = None,
+) -> tuple[float, float]:
     """``(latency_cycles, energy_pj)`` that no evaluation of ``m`` can beat (module docstring).
 
     It keeps every term of :func:`fusekit.accel.model.evaluate` that does not depend on the loop
@@ -121,7 +127,7 @@ def lower_bound(problem: Problem, hw: Accelerator, m: Mapping) -> tuple[float, f
     s = hw.systolic
     arrays = s.grid_rows * s.grid_cols
     ib_words = ib.size_bytes // hw.word_bytes // (2 if ib.double_buffered else 1)
-    rates = _rates(problem, hw)
+    rates = rates or simd_rates(problem, hw)
     stage_cycles = {"systolic": 0.0, "simd": 0.0}  # per step, fused
     unfused_cycles = 0.0
     energy = problem.macs * hw.mac_pj
@@ -221,6 +227,7 @@ def evaluate_chunk(
     """
     spec, hw, mappings, prune = item
     problem = _problem(spec)
+    rates = simd_rates(problem, hw)  # once per chunk
     fronts: dict[Fusion, list[Scored]] = {}
     best: dict[Fusion, dict[Objective, Scored]] = {}
     evaluated = 0
@@ -239,7 +246,7 @@ def evaluate_chunk(
                 m.tile_red,
             )
             if key not in bounds:
-                bounds[key] = lower_bound(problem, hw, m)
+                bounds[key] = lower_bound(problem, hw, m, rates)
             lb = Scored(m, *bounds[key])
             if prune == "pareto":
                 if lb.edp >= mine["edp"].edp and any(
@@ -249,7 +256,7 @@ def evaluate_chunk(
                     continue
             elif lb.score(prune) >= mine[prune].score(prune):
                 continue
-        b = evaluate(problem, hw, m)
+        b = evaluate(problem, hw, m, rates)
         evaluated += 1
         s = Scored(m, b.latency_cycles, b.energy_pj)
         if not any(
