@@ -53,24 +53,32 @@ COMET_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46, "attention": 1.82}
 
 
 def model_throughput(hw: Accelerator, shape: tuple[int, int, int], repeats: int) -> dict:
-    """Cost-model evaluations per second on one core over every valid mapping."""
+    """Cost-model evaluations per second on one core over every valid mapping.
+
+    Per core means per CPU-second of this process (``time.process_time``), which time spent
+    waiting for a core shared with other work does not inflate; the wall-clock figure is kept
+    beside it.
+    """
     problem = gemm_softmax(*shape)
     mappings = list(enumerate_mappings(problem, hw))
     rates = simd_rates(problem, hw)  # as the mapper does, once per search
-    best = float("inf")
+    best_cpu = best_wall = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        cpu, wall = time.process_time(), time.perf_counter()
         for m in mappings:
             evaluate(problem, hw, m, rates)
-        best = min(best, time.perf_counter() - start)
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+        best_wall = min(best_wall, time.perf_counter() - wall)
     return {
         "study": "throughput",
         "hw": hw.name,
         "problem": "gemm_softmax",
         "M,N,K": ",".join(map(str, shape)),
         "mappings": len(mappings),
-        "wall_s": best,
-        "evaluated_per_s_per_core": len(mappings) / best,
+        "cpu_s": best_cpu,
+        "wall_s": best_wall,
+        "evaluated_per_s_per_core": len(mappings) / best_cpu,
+        "evaluated_per_wall_s": len(mappings) / best_wall,
     }
 
 
@@ -110,7 +118,10 @@ def main() -> None:
     edge = load("edge")
     assert isinstance(edge, Accelerator)
     records.append(model_throughput(edge, (1024, 1024, 256), args.repeats))
-    print(f"model: {records[0]['evaluated_per_s_per_core']:,.0f} mappings/s/core")
+    print(
+        f"model: {records[0]['evaluated_per_s_per_core']:,.0f} mappings per CPU-second, "
+        f"{records[0]['evaluated_per_wall_s']:,.0f} per wall-clock second"
+    )
     with LocalExecutor(args.workers) as ex:
         for hw_name, shapes in CASES.items():
             hw = load(hw_name)
