@@ -230,89 +230,108 @@ def evaluate(
     # where intermediates and SIMD operands live: output buffer, or global buffer
     near = ob if m.fusion is Fusion.FUSED_CLUSTER else gb
     ops: list[OpCost] = []
-    parts = dict.fromkeys(("dram", "global", "buffers", "mac", "simd", "network"), 0.0)
-    lat_stage = {"dram": 0.0, "systolic": 0.0, "simd": 0.0}  # per step, fused
-    unfused_cycles = 0.0
+    e_dram = e_global = e_buffers = e_mac = e_simd = e_network = 0.0  # pJ, by part
+    lat_dram = lat_systolic = lat_simd = 0.0  # cycles per step, fused
+    unfused_cycles = total_dram_words = 0.0
     sequential = m.binding is BindingKind.SEQUENTIAL
     rates = rates or simd_rates(problem, hw)
     lanes = hw.simd_width
-    ext = _extents(problem, m)  # per cluster, within one row block
+    get = _extents(problem, m).__getitem__  # per-cluster extents within one row block
     for i, st in enumerate(problem.stages):
-        points = math.prod(map(ext.__getitem__, st.vars))  # per cluster per step
-        out_points = math.prod(map(ext.__getitem__, st.out_vars))
-        reads_in = [t for t in st.inputs if t in problem.inputs or not fused]
-        writes_out = st.out in problem.outputs or not fused
+        out_points = math.prod(map(get, st.out_vars))  # per cluster per step
+        points = out_points * math.prod(map(get, st.reduced_vars))
+        writes_out = not fused or st.out in problem.outputs
         out_words = clusters * out_points * steps
         dram_words = float(out_words if writes_out else 0)
         coll: CollectiveKind | None = None
+        mac_pj = simd_pj = global_pj = buffers_pj = 0.0
         if st.kind == "gemm":
             kvar, cvar = st.reduced_vars[0], _col_var(st, problem.row)
-            ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
-            kt = m.tile_red if i == 0 else ext[kvar]
+            ct = m.tile_col if i == 0 else get(cvar)  # column tile of this GEMM
+            kt = m.tile_red if i == 0 else get(kvar)
             g = gemm_accesses(problem, m, st, ct, kt, steps, hw)
             stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
             preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
             # per step: every tile streams its rows; weights are preloaded only when (re)loaded
-            tiles = steps * (ext[cvar] // ct) * (ext[kvar] // kt)
+            tiles = steps * (get(cvar) // ct) * (get(kvar) // kt)
             cyc = (tiles * stream + g.weight_loads * preload) / steps
-            dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
+            for t in st.inputs:
+                if not fused or t in problem.inputs:
+                    dram_words += _dram_fills(problem, m, st, t, ct, kt, steps)
             to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
-            e = {
-                "mac": clusters * steps * points * hw.mac_pj,
-                "global": (g.a_gb_reads + g.b_gb_reads) * gb.read_pj
-                + (dram_words - out_words * writes_out) * gb.write_pj
-                + out_words * to_gb * gb.write_pj
-                + out_words * writes_out * gb.read_pj,
-                "buffers": g.a_gb_reads * ib.write_pj
+            mac_pj = clusters * steps * points * hw.mac_pj
+            global_pj = (
+                (g.a_gb_reads + g.b_gb_reads) * gb.read_pj  # operands to the buffers
+                + (dram_words - out_words * writes_out) * gb.write_pj  # staged in from DRAM
+                + out_words * to_gb * gb.write_pj  # result into the GB
+                + out_words * writes_out * gb.read_pj  # and out to DRAM
+            )
+            buffers_pj = (
+                g.a_gb_reads * ib.write_pj
                 + g.a_ib_reads * ib.read_pj
                 + g.b_gb_reads * (wbuf.write_pj + wbuf.read_pj)
-                + g.ob_updates * (ob.write_pj + ob.read_pj),
-            }
-            resource = "systolic"
+                + g.ob_updates * (ob.write_pj + ob.read_pj)
+            )
             if kvar == problem.col and m.spatial_col > 1:
                 coll = CollectiveKind.REDUCE_SCATTER  # partial sums over the split columns
         else:
             r = rates[i]  # = simd_cycles(st, points, out_points, hw), precomputed per stage
             cyc = -(-points // lanes) * r.body_cycles + -(-out_points // lanes) * r.out_cycles
-            dram_words += sum(problem.size(t) for t in reads_in)
-            # SIMD operands: every input point read from the near level, the output written
-            in_words = (
-                clusters
-                * steps
-                * sum(math.prod(map(ext.__getitem__, problem.tensors[t])) for t in st.inputs)
-            )
+            in_words = 0  # per cluster per step: every input point read from its level
+            for t in st.inputs:
+                in_words += math.prod(map(get, problem.tensors[t]))
+                if not fused or t in problem.inputs:
+                    dram_words += problem.sizes[t]
             lvl = near if fused else gb
-            near_e = in_words * lvl.read_pj + out_words * lvl.write_pj
-            e = {
-                "simd": clusters * steps * (points * r.body_pj + out_points * r.out_pj),
-                "global" if lvl is gb else "buffers": near_e,
-            }
-            e["global"] = e.get("global", 0.0) + dram_words * gb.write_pj  # DRAM <-> GB staging
-            resource = "simd"
+            operands_pj = clusters * steps * in_words * lvl.read_pj + out_words * lvl.write_pj
+            simd_pj = clusters * steps * (points * r.body_pj + out_points * r.out_pj)
+            global_pj = dram_words * gb.write_pj  # DRAM <-> GB staging
+            if lvl is gb:
+                global_pj += operands_pj
+            else:
+                buffers_pj = operands_pj
             if problem.col in st.reduced_vars and m.spatial_col > 1:
                 coll = CollectiveKind.ALL_REDUCE
-        e["dram"] = dram_words * dram.read_pj
-        for part, pj in e.items():
-            parts[part] += pj
-        ops.append(OpCost(st.out, st.kind, cyc * steps, sum(e.values()), dram_words))
+        dram_pj = dram_words * dram.read_pj
+        e_dram += dram_pj
+        e_global += global_pj
+        e_buffers += buffers_pj
+        e_mac += mac_pj
+        e_simd += simd_pj
+        total_dram_words += dram_words
+        op_pj = mac_pj + global_pj + buffers_pj + simd_pj + dram_pj
+        ops.append(OpCost(st.out, st.kind, cyc * steps, op_pj, dram_words))
         coll_step = 0.0
         if coll is not None:
             c = _collective(st, coll, out_points * wb, row_group, hw, m, steps)
             ops.append(c)
-            parts["network"] += c.energy_pj
+            e_network += c.energy_pj
             coll_step = c.cycles / steps
-        if fused:  # the next op waits for the collective: it stalls the op's resource
-            lat_stage[resource] += cyc + coll_step
-            lat_stage["dram"] += dram_words / steps / dram_wpc
-        else:
-            dram_step = dram_words / steps / dram_wpc
+        dram_step = dram_words / steps / dram_wpc
+        if not fused:
             # one op per nest: every binding but sequential overlaps its DRAM and compute
             unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, not sequential)
-    latency = bind_latency(m.binding, *lat_stage.values(), steps) if fused else unfused_cycles
+        elif st.kind == "gemm":  # the next op waits for a collective: it stalls the resource
+            lat_dram, lat_systolic = lat_dram + dram_step, lat_systolic + cyc + coll_step
+        else:
+            lat_dram, lat_simd = lat_dram + dram_step, lat_simd + cyc + coll_step
+    latency = (
+        bind_latency(m.binding, lat_dram, lat_systolic, lat_simd, steps)
+        if fused
+        else unfused_cycles
+    )
+    parts = {
+        "dram": e_dram,
+        "global": e_global,
+        "buffers": e_buffers,
+        "mac": e_mac,
+        "simd": e_simd,
+        "network": e_network,
+    }
     return Breakdown(
         latency_cycles=latency,
         energy_pj=sum(parts.values()),
-        dram_words=sum(o.dram_words for o in ops),
+        dram_words=total_dram_words,
         energy_by_part_pj=parts,
         ops=tuple(ops),
     )
