@@ -14,6 +14,15 @@ def test_softmax_splits_into_simd_ops():
     assert p.macs == 256 * 256 * 128
 
 
+def test_outputs_are_the_results_nobody_reads():
+    p = gemm_softmax(8, 16, 4)
+    assert p.outputs == ("Y",) and p.intermediates == ("S", "X", "E", "Z")
+    assert not p.independent()
+    two = make_problem("two", ["S[m,n] += A[m,k] * B[k,n]", "T[m,n] = exp(C[m,n])"],
+                       {"m": 8, "n": 8, "k": 8})  # fmt: skip
+    assert two.outputs == ("S", "T") and two.intermediates == () and two.independent()
+
+
 def test_layernorm_and_attention():
     ln = gemm_layernorm(8, 16, 4)
     assert dict(ln.stages[4].simd_ops) == {"sqrt": 1, "div": 1, "add": 1}

@@ -48,7 +48,17 @@ class Fusion(StrEnum):
 
 
 class BindingKind(StrEnum):
-    """How a binding node's children run relative to each other."""
+    """How a binding node's children run relative to each other, per row block of one cluster.
+
+    * ``sequential``: one child after another, and row blocks one after another;
+    * ``pipeline``: row blocks stream through the children, each unit (DRAM, systolic arrays,
+      SIMD) working on a different block (intermediates of two blocks live);
+    * ``sharing``: the children time-multiplex the cluster's compute units and buffers within one
+      row block (one block of intermediates live), the next block's DRAM traffic overlapped;
+    * ``parallel``: children that do not depend on one another run at once, each unit running
+      its own children (legal only when no child reads another's result: no producer-consumer
+      pair and no collective among them).
+    """
 
     SEQUENTIAL = "sequential"
     PIPELINE = "pipeline"
@@ -76,7 +86,7 @@ class Mapping:
         tile_col: columns of one GEMM tile on one cluster.
         tile_red: contraction extent of one GEMM tile.
         order: loop order (outermost first) of the first GEMM's row, column and contraction loops.
-        binding: ``pipeline`` (overlap across steps, with ramp-up and ramp-down) or ``sequential``.
+        binding: how the ops of a row block run (:class:`BindingKind`).
         collective: collective cost model (a key of :data:`fusekit.accel.collectives.MODELS`).
     """
 
@@ -153,6 +163,22 @@ def check_mapping(problem: Problem, hw: Accelerator, m: Mapping) -> None:
     if sorted(m.order) != sorted((row, col, red)):
         raise MappingError("tile[dram]", f"expected order to permute {row},{col},{red}")
     fused = m.fusion is not Fusion.UNFUSED
+    if not isinstance(m.binding, BindingKind):
+        raise MappingError("bind", f"expected one of {', '.join(BindingKind)} (got {m.binding!r})")
+    if m.binding is BindingKind.PARALLEL:
+        if fused and not problem.independent():
+            reader = next(st for st in problem.stages if set(st.inputs) - set(problem.inputs))
+            raise MappingError(
+                "bind",
+                f"parallel children must be independent (op {reader.out} reads "
+                f"{', '.join(t for t in reader.inputs if t not in problem.inputs)}, written by a "
+                "sibling); use pipeline or sharing",
+            )
+        if sc > 1 and required_collectives(problem):
+            raise MappingError(
+                "bind", f"parallel children must be independent ({col} is split: a collective "
+                "reads an op's result); use pipeline or sharing",
+            )  # fmt: skip
     if fused and m.order[0] != row:
         raise MappingError("tile[dram]", f"fused mappings walk row blocks outermost ({row})")
     if m.collective not in MODELS:
@@ -162,6 +188,8 @@ def check_mapping(problem: Problem, hw: Accelerator, m: Mapping) -> None:
     ob_words = _words(ob.size_bytes, hw.word_bytes, ob.double_buffered)
     gb_words = _words(gb.size_bytes, hw.word_bytes, gb.double_buffered)
     cols = ec // sc
+    # row blocks of intermediates live at once: two where blocks overlap (double-buffered)
+    blocks = 2 if m.binding in (BindingKind.PIPELINE, BindingKind.PARALLEL) else 1
     for i, st in enumerate(problem.stages):
         if st.kind != "gemm":
             continue
@@ -180,18 +208,18 @@ def check_mapping(problem: Problem, hw: Accelerator, m: Mapping) -> None:
                 f"buffer ({ob_words} words, double-buffered)",
             )
         gemm_words = m.tile_row * kt + kt * ct + m.tile_row * ct
-        live = 2 * m.tile_row * cols if m.fusion is Fusion.FUSED_GB else 0
+        live = blocks * m.tile_row * cols if m.fusion is Fusion.FUSED_GB else 0
         if gemm_words + live > gb_words:
             raise MappingError(
                 "tile[global]",
                 f"tiles of {st.out} ({gemm_words} words) and fused intermediates ({live} words) "
                 f"exceed the global buffer ({gb_words} words)",
             )
-    if m.fusion is Fusion.FUSED_CLUSTER and 2 * m.tile_row * cols > ob_words:
+    if m.fusion is Fusion.FUSED_CLUSTER and blocks * m.tile_row * cols > ob_words:
         raise MappingError(
             "tile[output]",
-            f"fused row block 2 x {m.tile_row}x{cols} words exceeds the output buffer "
-            f"({ob_words} words)",
+            f"fused row block {blocks} x {m.tile_row}x{cols} words exceeds the output buffer "
+            f"({ob_words} words, {m.binding.value})",
         )
 
 
@@ -399,8 +427,6 @@ def from_tree(problem: Problem, tree: Node, hw: Accelerator) -> Mapping:
     want = [s.out for s in problem.stages]
     if got != want:
         raise MappingError("root", f"expected the ops {want} in order (got {got})")
-    if binding not in (BindingKind.PIPELINE, BindingKind.SEQUENTIAL):
-        raise MappingError("binding", "ops of one cluster bind pipeline or sequential")
     sr, sc = _factor(spatial.spatial, row), _factor(spatial.spatial, col)
     steps = _factor(dram.temporal, row)
     fc, fk = _factor(gemm_tile.temporal, col), _factor(gemm_tile.temporal, red)

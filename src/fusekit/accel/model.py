@@ -10,21 +10,28 @@ Per row-block step, on each cluster:
 
 * GEMM cycles (ScaleSim form, Samajdar et al. 2020): ``folds * (2 R + C + T - 2)`` with
   ``R x C`` PEs per array, ``T`` streamed rows and ``folds = ceil(ceil(k/R) ceil(c/C) / arrays)``,
-  once per column tile and contraction tile;
+  once per column tile and contraction tile, less the ``R``-cycle weight preload of the tiles
+  whose weights are still in the PEs (:func:`gemm_accesses`);
 * SIMD cycles: ``sum over lane-ops of ceil(points / width) * cycles(op)``;
 * collective cycles from :mod:`fusekit.accel.collectives` (on the SIMD chain's critical path:
   the next op depends on the reduced value, so they stall it);
 * DRAM cycles: words moved by all clusters / DRAM words per cycle.
 
-A *pipeline* binding overlaps the resources across steps: ramp-up and ramp-down give
-``latency = sum(stage) + (steps - 1) * max(stage)``; a *sequential* binding gives
-``steps * sum(stage)``. Unfused, each op is its own pass (intermediates written to and read back
-from DRAM, no pipelining across ops, the same tiling and partition); fused, the intermediates stay
-in the global buffer (``fused_gb``) or the output buffer (``fused_cluster``) and only the problem
-inputs and the final output touch DRAM.
+The binding combines the per-step work of the units (:func:`bind_latency`): a *pipeline*
+overlaps DRAM, systolic arrays and SIMD unit across steps, with ramp-up and ramp-down,
+``latency = sum(stage) + (steps - 1) * max(stage)``; *sharing* time-multiplexes the compute
+units within a step (arrays and SIMD in series, DRAM overlapped); *parallel* (independent ops
+only) overlaps them within a step; *sequential* gives ``steps * sum(stage)``. Unfused, each op
+is its own pass (intermediates written to and read back from DRAM, no pipelining across ops, the
+same tiling and partition); fused, the intermediates stay in the global buffer (``fused_gb``) or
+the output buffer (``fused_cluster``) and only the problem inputs and outputs touch DRAM.
 
-Energy: ``sum(accesses x energy per access)`` over DRAM, global, input, weight and output
-buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x hop_pj_per_byte``.
+Energy (COMET's form): ``sum(accesses x energy per access)`` over DRAM, global, input, weight
+and output buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x
+hop_pj_per_byte``. An access moves one word (``hw.word_bytes``); the model counts one tensor
+element as one word, for bandwidth and energy alike. GEMM operands follow the weight-stationary
+reuse of :func:`gemm_accesses`: weights that fit the PEs stay there across row blocks instead of
+being re-read from the global buffer for every block.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from fusekit.accel.collectives import (
     collective_cost,
     group_on_mesh,
 )
-from fusekit.accel.mapping import Fusion, Mapping
+from fusekit.accel.mapping import BindingKind, Fusion, Mapping
 from fusekit.accel.problem import Problem, Stage
 from fusekit.hw import Accelerator
 
@@ -94,12 +101,19 @@ class Breakdown:
         return "\n".join(lines)
 
 
-def systolic_cycles(rows_streamed: int, k: int, c: int, hw: Accelerator) -> int:
-    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays."""
+def systolic_cycles(
+    rows_streamed: int, k: int, c: int, hw: Accelerator, preload: bool = True
+) -> int:
+    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays.
+
+    ``folds x (2 R + C + T - 2)``: ``R`` cycles to preload a fold's weights, then ``R + C + T - 2``
+    to stream ``T`` rows through; ``preload=False`` leaves out the first part (weights already in
+    the PEs from the previous row block).
+    """
     s = hw.systolic
     folds = math.ceil(k / s.pe_rows) * math.ceil(c / s.pe_cols)
     per_array = math.ceil(folds / (s.grid_rows * s.grid_cols))
-    return per_array * (2 * s.pe_rows + s.pe_cols + rows_streamed - 2)
+    return per_array * (s.pe_rows * preload + s.pe_rows + s.pe_cols + rows_streamed - 2)
 
 
 def simd_cycles(stage: Stage, points: int, out_points: int, hw: Accelerator) -> int:
@@ -119,8 +133,8 @@ def simd_energy_pj(stage: Stage, points: int, out_points: int, hw: Accelerator) 
 
 
 @dataclass(frozen=True, slots=True)
-class _StageRates:
-    """Per-stage constants: SIMD cycles per vector and energy per point, by body and output."""
+class StageRates:
+    """Per-stage SIMD constants: cycles per vector and energy per point, by body and output."""
 
     body_cycles: int
     out_cycles: int
@@ -128,17 +142,13 @@ class _StageRates:
     out_pj: float
 
 
-_RATES: dict[tuple[object, ...], tuple[Problem, Accelerator, tuple[_StageRates, ...]]] = {}
+def simd_rates(problem: Problem, hw: Accelerator) -> tuple[StageRates, ...]:
+    """The SIMD constants of every stage of ``problem`` on ``hw`` (zero for GEMM stages).
 
-
-def _rates(problem: Problem, hw: Accelerator) -> tuple[_StageRates, ...]:
-    """SIMD constants of every stage, cached per (problem, accelerator) object."""
-    key = (id(problem), id(hw))
-    hit = _RATES.get(key)
-    if hit is not None and hit[0] is problem and hit[1] is hw:
-        return hit[2]
-    rates = tuple(
-        _StageRates(
+    :func:`evaluate` computes them when not given; the mapper computes them once per search.
+    """
+    return tuple(
+        StageRates(
             sum(n * hw.simd_cycles(op) for op, n in st.simd_ops),
             sum(n * hw.simd_cycles(op) for op, n in st.per_out_ops),
             sum(n * hw.simd_energy_pj(op) for op, n in st.simd_ops),
@@ -146,10 +156,6 @@ def _rates(problem: Problem, hw: Accelerator) -> tuple[_StageRates, ...]:
         )
         for st in problem.stages
     )
-    if len(_RATES) > 64:
-        _RATES.clear()
-    _RATES[key] = (problem, hw, rates)
-    return rates
 
 
 def pipelined(stages: list[float], steps: int, pipeline: bool) -> float:
@@ -157,6 +163,34 @@ def pipelined(stages: list[float], steps: int, pipeline: bool) -> float:
     if pipeline:
         return sum(stages) + (steps - 1) * max(stages)
     return steps * sum(stages)
+
+
+def bind_latency(
+    binding: BindingKind, dram: float, systolic: float, simd: float, steps: int
+) -> float:
+    r"""Latency of ``steps`` row blocks bound by ``binding`` (one cluster's ops of a block).
+
+    Per block, the ops need ``dram`` cycles of DRAM traffic, ``systolic`` cycles of the arrays
+    and ``simd`` cycles of the SIMD unit (collective stalls included):
+
+    .. math::
+
+        \text{sequential: } n (D + S + V) \qquad
+        \text{pipeline: } \mathrm{pipe}(D, S, V) \qquad
+        \text{sharing: } \mathrm{pipe}(D, S + V) \qquad
+        \text{parallel: } \mathrm{pipe}(D, \max(S, V))
+
+    with :math:`\mathrm{pipe}(x_1..x_j) = \sum x + (n - 1) \max x` (ramp-up and ramp-down):
+    pipelined units overlap across blocks; shared units serve the children one after another
+    within a block; parallel (independent) children overlap within the block.
+    """
+    if binding is BindingKind.PIPELINE:
+        return pipelined([dram, systolic, simd], steps, True)
+    if binding is BindingKind.SHARING:
+        return pipelined([dram, systolic + simd], steps, True)
+    if binding is BindingKind.PARALLEL:
+        return pipelined([dram, max(systolic, simd)], steps, True)
+    return steps * (dram + systolic + simd)
 
 
 def _extent(problem: Problem, m: Mapping, var: str) -> int:
@@ -168,13 +202,19 @@ def _extent(problem: Problem, m: Mapping, var: str) -> int:
     return problem.extents[var]
 
 
-def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
+def evaluate(
+    problem: Problem,
+    hw: Accelerator,
+    m: Mapping,
+    rates: tuple[StageRates, ...] | None = None,
+) -> Breakdown:
     """Latency and energy of ``problem`` on ``hw`` under mapping ``m`` (see the module docstring).
 
     Args:
         problem: the compound op.
         hw: the accelerator.
         m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
+        rates: ``simd_rates(problem, hw)``, computed here when not given.
 
     Returns:
         The breakdown.
@@ -190,89 +230,202 @@ def evaluate(problem: Problem, hw: Accelerator, m: Mapping) -> Breakdown:
     # where intermediates and SIMD operands live: output buffer, or global buffer
     near = ob if m.fusion is Fusion.FUSED_CLUSTER else gb
     ops: list[OpCost] = []
-    parts = dict.fromkeys(("dram", "global", "buffers", "mac", "simd", "network"), 0.0)
-    lat_stage = {"dram": 0.0, "systolic": 0.0, "simd": 0.0}  # per step, fused
-    unfused_cycles = 0.0
-    rates = _rates(problem, hw)
+    e_dram = e_global = e_buffers = e_mac = e_simd = e_network = 0.0  # pJ, by part
+    lat_dram = lat_systolic = lat_simd = 0.0  # cycles per step, fused
+    unfused_cycles = total_dram_words = 0.0
+    sequential = m.binding is BindingKind.SEQUENTIAL
+    rates = rates or simd_rates(problem, hw)
     lanes = hw.simd_width
+    get = _extents(problem, m).__getitem__  # per-cluster extents within one row block
     for i, st in enumerate(problem.stages):
-        ext = {v: _extent(problem, m, v) for v in st.vars}
-        points = math.prod(ext.values())  # per cluster per step
-        out_points = math.prod(ext[v] for v in st.out_vars)
-        reads_in = [t for t in st.inputs if t in problem.inputs or not fused]
-        writes_out = st.out == problem.output or not fused
+        out_points = math.prod(map(get, st.out_vars))  # per cluster per step
+        points = out_points * math.prod(map(get, st.reduced_vars))
+        writes_out = not fused or st.out in problem.outputs
         out_words = clusters * out_points * steps
         dram_words = float(out_words if writes_out else 0)
         coll: CollectiveKind | None = None
+        mac_pj = simd_pj = global_pj = buffers_pj = 0.0
         if st.kind == "gemm":
-            kvar = st.reduced_vars[0]
-            cvar = next(v for v in st.out_vars if v != problem.row)
-            ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
-            kt = m.tile_red if i == 0 else ext[kvar]
-            tiles = clusters * steps * (ext[cvar] // ct) * (ext[kvar] // kt)
-            cyc = (ext[cvar] // ct) * (ext[kvar] // kt) * systolic_cycles(m.tile_row, kt, ct, hw)
-            dram_words += sum(_dram_fills(problem, m, st, t, ct, kt, steps) for t in reads_in)
-            # GB -> IB/WB once per tile; A re-read per weight-buffer chunk of B columns
-            wb_words = wbuf.size_bytes // wb // (2 if wbuf.double_buffered else 1)
-            chunk = max(1, min(ct, wb_words // kt))
-            a_words = tiles * m.tile_row * kt * math.ceil(ct / chunk)
-            b_words = tiles * kt * ct
-            ob_updates = tiles * m.tile_row * ct * math.ceil(kt / hw.systolic.pe_rows)
-            col_span = hw.systolic.pe_cols * hw.systolic.grid_cols
+            kvar, cvar = st.reduced_vars[0], _col_var(st, problem.row)
+            ct = m.tile_col if i == 0 else get(cvar)  # column tile of this GEMM
+            kt = m.tile_red if i == 0 else get(kvar)
+            g = gemm_accesses(problem, m, st, ct, kt, steps, hw)
+            stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
+            preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
+            # per step: every tile streams its rows; weights are preloaded only when (re)loaded
+            tiles = steps * (get(cvar) // ct) * (get(kvar) // kt)
+            cyc = (tiles * stream + g.weight_loads * preload) / steps
+            for t in st.inputs:
+                if not fused or t in problem.inputs:
+                    dram_words += _dram_fills(problem, m, st, t, ct, kt, steps)
             to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
-            e = {
-                "mac": clusters * steps * points * hw.mac_pj,
-                "global": (a_words + b_words) * gb.read_pj
-                + (dram_words - out_words * writes_out) * gb.write_pj
-                + out_words * to_gb * gb.write_pj
-                + out_words * writes_out * gb.read_pj,
-                "buffers": a_words * (ib.write_pj + math.ceil(chunk / col_span) * ib.read_pj)
-                + b_words * (wbuf.write_pj + wbuf.read_pj)
-                + ob_updates * (ob.write_pj + ob.read_pj),
-            }
-            resource = "systolic"
+            mac_pj = clusters * steps * points * hw.mac_pj
+            global_pj = (
+                (g.a_gb_reads + g.b_gb_reads) * gb.read_pj  # operands to the buffers
+                + (dram_words - out_words * writes_out) * gb.write_pj  # staged in from DRAM
+                + out_words * to_gb * gb.write_pj  # result into the GB
+                + out_words * writes_out * gb.read_pj  # and out to DRAM
+            )
+            buffers_pj = (
+                g.a_gb_reads * ib.write_pj
+                + g.a_ib_reads * ib.read_pj
+                + g.b_gb_reads * (wbuf.write_pj + wbuf.read_pj)
+                + g.ob_updates * (ob.write_pj + ob.read_pj)
+            )
             if kvar == problem.col and m.spatial_col > 1:
                 coll = CollectiveKind.REDUCE_SCATTER  # partial sums over the split columns
         else:
             r = rates[i]  # = simd_cycles(st, points, out_points, hw), precomputed per stage
             cyc = -(-points // lanes) * r.body_cycles + -(-out_points // lanes) * r.out_cycles
-            dram_words += sum(problem.size(t) for t in reads_in)
-            # SIMD operands: every input point read from the near level, the output written
-            in_words = clusters * steps * sum(_points_of(problem, m, t) for t in st.inputs)
+            in_words = 0  # per cluster per step: every input point read from its level
+            for t in st.inputs:
+                in_words += math.prod(map(get, problem.tensors[t]))
+                if not fused or t in problem.inputs:
+                    dram_words += problem.sizes[t]
             lvl = near if fused else gb
-            near_e = in_words * lvl.read_pj + out_words * lvl.write_pj
-            e = {
-                "simd": clusters * steps * (points * r.body_pj + out_points * r.out_pj),
-                "global" if lvl is gb else "buffers": near_e,
-            }
-            e["global"] = e.get("global", 0.0) + dram_words * gb.write_pj  # DRAM <-> GB staging
-            resource = "simd"
+            operands_pj = clusters * steps * in_words * lvl.read_pj + out_words * lvl.write_pj
+            simd_pj = clusters * steps * (points * r.body_pj + out_points * r.out_pj)
+            global_pj = dram_words * gb.write_pj  # DRAM <-> GB staging
+            if lvl is gb:
+                global_pj += operands_pj
+            else:
+                buffers_pj = operands_pj
             if problem.col in st.reduced_vars and m.spatial_col > 1:
                 coll = CollectiveKind.ALL_REDUCE
-        e["dram"] = dram_words * dram.read_pj
-        for part, pj in e.items():
-            parts[part] += pj
-        ops.append(OpCost(st.out, st.kind, cyc * steps, sum(e.values()), dram_words))
+        dram_pj = dram_words * dram.read_pj
+        e_dram += dram_pj
+        e_global += global_pj
+        e_buffers += buffers_pj
+        e_mac += mac_pj
+        e_simd += simd_pj
+        total_dram_words += dram_words
+        op_pj = mac_pj + global_pj + buffers_pj + simd_pj + dram_pj
+        ops.append(OpCost(st.out, st.kind, cyc * steps, op_pj, dram_words))
         coll_step = 0.0
         if coll is not None:
             c = _collective(st, coll, out_points * wb, row_group, hw, m, steps)
             ops.append(c)
-            parts["network"] += c.energy_pj
+            e_network += c.energy_pj
             coll_step = c.cycles / steps
-        if fused:  # the next op waits for the collective: it stalls the op's resource
-            lat_stage[resource] += cyc + coll_step
-            lat_stage["dram"] += dram_words / steps / dram_wpc
+        dram_step = dram_words / steps / dram_wpc
+        if not fused:
+            # one op per nest: every binding but sequential overlaps its DRAM and compute
+            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, not sequential)
+        elif st.kind == "gemm":  # the next op waits for a collective: it stalls the resource
+            lat_dram, lat_systolic = lat_dram + dram_step, lat_systolic + cyc + coll_step
         else:
-            dram_step = dram_words / steps / dram_wpc
-            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, m.pipeline)
-    latency = pipelined(list(lat_stage.values()), steps, m.pipeline) if fused else unfused_cycles
+            lat_dram, lat_simd = lat_dram + dram_step, lat_simd + cyc + coll_step
+    latency = (
+        bind_latency(m.binding, lat_dram, lat_systolic, lat_simd, steps)
+        if fused
+        else unfused_cycles
+    )
+    parts = {
+        "dram": e_dram,
+        "global": e_global,
+        "buffers": e_buffers,
+        "mac": e_mac,
+        "simd": e_simd,
+        "network": e_network,
+    }
     return Breakdown(
         latency_cycles=latency,
         energy_pj=sum(parts.values()),
-        dram_words=sum(o.dram_words for o in ops),
+        dram_words=total_dram_words,
         energy_by_part_pj=parts,
         ops=tuple(ops),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GemmAccesses:
+    """On-chip accesses of one GEMM stage over every cluster and step, in words.
+
+    Attributes:
+        a_gb_reads: input words read from the global buffer (each written once to the IB).
+        a_ib_reads: input words streamed from the IB into the arrays (multicast along a round).
+        b_gb_reads: weight words loaded GB -> weight buffer -> PEs (a WB write and read each).
+        ob_updates: partial-sum words written to (and read back from) the output buffer.
+        weight_loads: weight tiles loaded into one cluster's arrays (``L_B`` below).
+    """
+
+    a_gb_reads: int
+    a_ib_reads: int
+    b_gb_reads: int
+    ob_updates: int
+    weight_loads: int
+
+
+def _loads(order: tuple[str, ...], factor: dict[str, int], uses: tuple[str, ...]) -> int:
+    """Tile (re)loads of a tensor: loop factors down to the innermost loop that indexes it."""
+    n = count = 1
+    for v in order:  # outermost first
+        if factor[v] > 1:
+            n *= factor[v]
+            if v in uses:
+                count = n
+    return count
+
+
+def gemm_accesses(
+    problem: Problem, m: Mapping, st: Stage, ct: int, kt: int, steps: int, hw: Accelerator
+) -> GemmAccesses:
+    r"""Buffer accesses of a weight-stationary GEMM on every cluster's array grid.
+
+    One tile is ``tr x kt`` inputs (A) by ``kt x ct`` weights (B). Its ``ceil(kt/R) ceil(ct/C)``
+    folds go to the ``G`` arrays in ``rounds = ceil(folds / G)`` rounds. Timeloop's stationarity
+    rule (:func:`fusekit.accel.nest.fills`) over the cluster's tile loops (``steps`` row blocks,
+    ``n_c`` column tiles, ``n_k`` contraction tiles, in the mapping's order) gives the loads:
+
+    .. math::
+
+        B_{GB} = P \cdot L_B \cdot k_t c_t, \quad
+        A_{GB} = P \cdot L_A \cdot t_r k_t, \quad
+        A_{IB} = P \cdot T \cdot \text{rounds} \cdot t_r k_t, \quad
+        O = P \cdot T \cdot t_r c_t \lceil k_t / R \rceil
+
+    with ``P`` clusters, ``T = steps n_c n_k`` tiles per cluster and ``L`` the product of the loop
+    factors down to the innermost loop indexing the tensor. The weights stay in the PEs (and A in
+    the input buffer) across the loops that do not index them only when they fit there: one round
+    (``L_B = T`` otherwise) and ``tr kt`` within the double-buffered IB (``L_A = T rounds``
+    otherwise). Each fold's partial sums are written to the OB and read back once.
+    """
+    s = hw.systolic
+    row = problem.row
+    kvar, cvar = st.reduced_vars[0], _col_var(st, row)
+    clusters = m.spatial_row * m.spatial_col
+    n_c, n_k = _extent(problem, m, cvar) // ct, _extent(problem, m, kvar) // kt
+    k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
+    rounds = math.ceil(k_folds * c_folds / (s.grid_rows * s.grid_cols))
+    order = m.order if st is problem.stages[0] else (row, cvar, kvar)
+    factor = {row: steps, cvar: n_c, kvar: n_k}
+    tiles = steps * n_c * n_k  # per cluster
+    ib = hw.level("input")
+    ib_words = ib.size_bytes // hw.word_bytes // (2 if ib.double_buffered else 1)
+    b_loads = _loads(order, factor, (cvar, kvar)) if rounds == 1 else tiles
+    a_fits = m.tile_row * kt <= ib_words
+    a_loads = _loads(order, factor, (row, kvar)) if a_fits else tiles * rounds
+    return GemmAccesses(
+        a_gb_reads=clusters * a_loads * m.tile_row * kt,
+        a_ib_reads=clusters * tiles * rounds * m.tile_row * kt,
+        b_gb_reads=clusters * b_loads * kt * ct,
+        ob_updates=clusters * tiles * m.tile_row * ct * k_folds,
+        weight_loads=b_loads,
+    )
+
+
+def _col_var(st: Stage, row: str) -> str:
+    """The first output variable of a GEMM stage that is not the row variable."""
+    out = st.out_vars
+    return out[1] if out[0] == row else out[0]
+
+
+def _extents(problem: Problem, m: Mapping) -> dict[str, int]:
+    """Per-cluster extent of every variable within one row block (see :func:`_extent`)."""
+    ext = dict(problem.extents)
+    ext[problem.row] = m.tile_row
+    ext[problem.col] = ext[problem.col] // m.spatial_col
+    return ext
 
 
 def _points_of(problem: Problem, m: Mapping, tensor: str) -> int:

@@ -97,6 +97,8 @@ class Problem:
         col: the column variable (partitioned over clusters; reductions over it need collectives).
         inputs: tensors read but never written (they start in DRAM).
         sizes: tensor -> elements.
+        outputs: tensors written and never read by a later op (they end in DRAM); the last op's
+            always is one.
     """
 
     name: str
@@ -107,6 +109,7 @@ class Problem:
     col: str
     inputs: tuple[str, ...]
     sizes: Mapping[str, int]
+    outputs: tuple[str, ...]
 
     @property
     def output(self) -> str:
@@ -116,7 +119,11 @@ class Problem:
     @property
     def intermediates(self) -> tuple[str, ...]:
         """Tensors written by one stage and read by a later one."""
-        return tuple(s.out for s in self.stages[:-1])
+        return tuple(s.out for s in self.stages if s.out not in self.outputs)
+
+    def independent(self) -> bool:
+        """Whether no op reads another op's result (all of them may run at once)."""
+        return not any(t not in self.inputs for s in self.stages for t in s.inputs)
 
     def size(self, tensor: str) -> int:
         """Elements of ``tensor``."""
@@ -255,6 +262,7 @@ def make_problem(name: str, ops: Sequence[str | Op], extents: Mapping[str, int])
         col=first[1],
         inputs=tuple(inputs),
         sizes={t: math.prod(int(extents[v]) for v in vs) for t, vs in tensors.items()},
+        outputs=tuple(s.out for s in stages if not any(s.out in later.inputs for later in stages)),
     )
 
 
