@@ -33,6 +33,7 @@ towards the defaults); fitted coefficients are stored in the tuning cache.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -116,8 +117,9 @@ def _gemm_rows(f: Features, order: Order) -> tuple[int, tuple[int, ...]]:
     return f.pairs, f.segment_pairs
 
 
+@functools.lru_cache(maxsize=4096)
 def _tiles(
-    segment_rows: Sequence[int], tile_rows: int, blocks: int, pad_to: int
+    segment_rows: tuple[int, ...], tile_rows: int, blocks: int, pad_to: int
 ) -> tuple[int, int]:
     """Tiles and padded rows when each segment's rows spread over ``blocks`` and are cut in tiles.
 
@@ -135,6 +137,12 @@ def _tiles(
     padded = np.ceil(rows_per_tile / pad_to) * pad_to
     tiles = runs * tiles_per_run
     return int(tiles.sum()), int((tiles * padded).sum())
+
+
+@functools.lru_cache(maxsize=1024)
+def _nonempty(segment_rows: tuple[int, ...]) -> int:
+    """Segments with at least one row (one vendor GEMM call each)."""
+    return sum(1 for n in segment_rows if n)
 
 
 def _row_bytes(width: int, elem: int) -> float:
@@ -223,7 +231,7 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
     iterations += r * gathered + scatter_rows * products
     iterations += 0 if vendor else (tiles if flow is Dataflow.GM_SEG_S else cfg.blocks)
     if vendor:
-        calls += sum(1 for n in seg_rows if n)
+        calls += _nonempty(seg_rows)
     gemm_s = 2.0 * (r if vendor else r_pad) * k * (m if vendor else m_pad) / flops_s
     terms = {
         "tile_gemm": 0.0 if vendor else gemm_s / eta,

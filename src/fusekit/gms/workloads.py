@@ -242,7 +242,7 @@ def varied(seed: int, count: int) -> list[Sized]:
     Problem ``i`` uses family ``i mod 3`` (RGCN, conv, MoE) and a generator seeded with
     ``seed + i``: RGCN graphs of 1k-8k nodes, 10-90 relations, 2k-12k triples, reduce mean
     (60%), sum or max; LiDAR-like scans of 3k-10k voxels on 2-8 planes; MoE batches of
-    64-2048 tokens over 4-32 experts, top-1/2/4. ``K`` and ``M`` are drawn independently from
+    256-2048 tokens over 4-32 experts, top-1/2/4. ``K`` and ``M`` are drawn independently from
     {16, 32, 64, 128} ({64, 128} for MoE). Sizes keep one call in the milliseconds on a laptop.
 
     Args:
@@ -274,7 +274,7 @@ def varied(seed: int, count: int) -> list[Sized]:
         else:
             experts = rng.choice((4, 8, 16, 32))
             top_k = rng.choice([t for t in (1, 2, 4) if t <= experts])
-            wl = moe_shaped(seed + i, rng.choice((64, 256, 1024, 2048)), experts, top_k)
+            wl = moe_shaped(seed + i, rng.choice((256, 512, 1024, 2048)), experts, top_k)
             widths = (64, 128)
         wl = replace(wl, name=f"{wl.name}#{seed + i}")
         out.append(Sized(wl, rng.choice(widths), rng.choice(widths)))
