@@ -305,7 +305,9 @@ def tune(
         target: the hardware; ``detect()`` (the local CPU) when None.
         budget: share of the space (``0 < budget < 1``) or number of points to measure.
         exhaustive: measure every point instead.
-        executor: runs the measurements; serial in this process when None.
+        executor: runs the measurements; serial in this process when None. Points measured
+            side by side on one machine disturb each other's timings: run a parallel executor
+            where its workers do not share cores (Ray across nodes, one worker per GPU).
         cache: where measurements go (and are reused from); None measures without caching.
         coef: model coefficients; the cache's fitted ones, else :data:`model.DEFAULT_COEF`.
         repeats: timed calls per point.
@@ -341,7 +343,8 @@ def tune(
 
     n = len(points) if exhaustive else (budget if budget >= 1 else math.ceil(budget * len(points)))
     chosen = list(points) if exhaustive else choose_points(points, predicted, int(n))
-    done = dict(cache.lookup(hw, key).points) if cache and cache.lookup(hw, key) else {}
+    entry = cache.lookup(hw, key) if cache is not None else None
+    done = dict(entry.points) if entry is not None else {}
     todo = [p for p in chosen if point_key(p) not in done]
     record = (hw, key, f.group, f.vector(), features_meta(f))
     executor = executor or SerialExecutor()
