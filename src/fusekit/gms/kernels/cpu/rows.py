@@ -10,7 +10,10 @@ transform-first and the first of aggregate-first)::
     out[i, m] (+= | max=) scale[p] * src[src_index[p], m]    for q in [ptr[i], ptr[i+1]), p = pos[q]
 
 Each output row is owned by one thread (a CSR walk), so there are no atomics and the result does
-not depend on the thread count. A ``max`` row with no entries is zero.
+not depend on the thread count. A ``max`` row with no entries is zero. Without an ``out`` to
+accumulate into, the first entry of a row is stored rather than added (and a row with no entries
+is written zero), so the result is allocated uninitialised and never read: for top-2 routing that
+is two row reads and one row write per output row, nothing else.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
     has_scale,
     has_pos,
     reduce_max,
+    overwrite,
 ):
     n_src = src.shape[0]
     n_ptr = pos.shape[0] if has_pos else n_pairs
@@ -72,10 +76,13 @@ def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
         if lo < 0 or hi < lo or hi > n_ptr:
             bad += 1
             continue
-        if reduce_max and hi == lo:
-            for m in range(M):
-                out[i, m] = 0
+        row = out[i]  # a view: no per-element index fix-up
+        if hi == lo:
+            if reduce_max or overwrite:
+                for m in range(M):
+                    row[np.uint64(m)] = 0
             continue
+        first = overwrite
         for q in range(lo, hi):
             p = pos[q] if has_pos else q
             if p < 0 or p >= n_pairs:
@@ -86,14 +93,21 @@ def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
                 bad += 1
                 break
             c = scale[p] if has_scale else scale[0]
-            if reduce_max:
+            values = src[r]
+            # unsigned column indices: no negative-index fix-up, so the loops vectorize
+            if first:
                 for m in range(M):
-                    col = np.uint64(m)  # unsigned: no negative-index fix-up, so it vectorizes
-                    out[i, col] = max(out[i, col], c * src[r, col])
+                    col = np.uint64(m)
+                    row[col] = c * values[col]
+                first = False
+            elif reduce_max:
+                for m in range(M):
+                    col = np.uint64(m)
+                    row[col] = max(row[col], c * values[col])
             else:
                 for m in range(M):
                     col = np.uint64(m)
-                    out[i, col] += c * src[r, col]
+                    row[col] += c * values[col]
     return bad
 
 
@@ -140,7 +154,8 @@ def reduce_rows_cpu(
         scale: ``[n_pairs]`` factor of each position; 1 if None.
         pos: ``[Q]`` positions listed by output row; identity if None.
         reduce_max: ``max`` instead of ``sum``.
-        out: accumulate into this ``[N_out, M]`` tensor (zeros, or -inf for max, if None).
+        out: accumulate into this ``[N_out, M]`` tensor; if None, a new tensor holds the
+            reduction alone (each row written once, rows without entries zero).
 
     Returns:
         ``out``.
@@ -151,9 +166,9 @@ def reduce_rows_cpu(
     import torch
 
     n_out = ptr.shape[0] - 1
+    overwrite = out is None
     if out is None:
-        fill = float("-inf") if reduce_max else 0.0
-        out = torch.full((n_out, src.shape[1]), fill, dtype=src.dtype)
+        out = torch.empty(n_out, src.shape[1], dtype=src.dtype)
     one = torch.ones(1, dtype=src.dtype)
     bad = _reduce_rows_kernel(
         numpy_of(src),
@@ -167,6 +182,7 @@ def reduce_rows_cpu(
         scale is not None,
         pos is not None,
         reduce_max,
+        overwrite,
     )
     raise_if_bad(bad, "CSR", f"pointers and positions in range of {n_pairs} pairs")
     return out
