@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu, scratch
 
 
 def test_gather_rows():
@@ -103,3 +103,41 @@ def test_reduce_rows_accumulates_into_a_given_output(reduce_max):
     else:
         expected = torch.stack([start[0] + src[:3].sum(0), start[1], start[2] + src[3]])
     torch.testing.assert_close(got, expected)
+
+
+def _tiny_plan():
+    from fusekit.gms import GMSProblem, plan
+
+    g = torch.arange(12) % 5
+    return plan(GMSProblem.create(g, g % 3, g % 4, 4))
+
+
+def test_scratch_is_reused_per_plan_and_thread():
+    import threading
+
+    pl = _tiny_plan()
+    first = scratch(pl, "products", 12, 8, torch.float32)
+    again = scratch(pl, "products", 12, 8, torch.float32)
+    assert again.data_ptr() == first.data_ptr() and again.shape == (12, 8)
+    smaller = scratch(pl, "products", 12, 4, torch.float32)  # a view of the same memory
+    assert smaller.data_ptr() == first.data_ptr() and smaller.is_contiguous()
+    assert scratch(pl, "products", 12, 8, torch.float64).data_ptr() != first.data_ptr()
+    assert scratch(_tiny_plan(), "products", 12, 8, torch.float32).data_ptr() != first.data_ptr()
+    other = []
+    thread = threading.Thread(
+        target=lambda: other.append(scratch(pl, "products", 12, 8, torch.float32).data_ptr())
+    )
+    thread.start()
+    thread.join()
+    assert other[0] != first.data_ptr()
+
+
+def test_gather_rows_checks_its_output():
+    x = torch.randn(6, 5)
+    index = torch.tensor([5, 0, 3])
+    out = torch.empty(3, 5)
+    assert gather_rows_cpu(x, index, out=out) is out
+    torch.testing.assert_close(out, x[index])
+    for bad in (torch.empty(2, 5), torch.empty(3, 5, dtype=torch.float64), torch.empty(5, 3).t()):
+        with pytest.raises(ValueError, match="'out'"):
+            gather_rows_cpu(x, index, out=bad)
