@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ def grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
     """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
-    from fusekit.errors import expected
-
     ptr = segment_ptr
     if (
         ptr.numel() == 0
@@ -146,10 +145,19 @@ def g_mseg_s_cpu(
     Raises:
         ValueError: a guarded index is out of range.
     """
+    import torch
+
     e, dtype = plan.num_pairs, x.dtype
+    bounds = plan.memo.get("segment bounds")
+    if bounds is None:  # checked once per plan, like every memo entry
+        check_segment_ptr(plan.segment_ptr, e)
+        bounds = plan.memo["segment bounds"] = plan.segment_ptr.tolist()
     gathered = gather_rows_cpu(x, plan.gather, out=scratch(plan, "rows", e, x.shape[1], dtype))
     products = scratch(plan, "products", e, w.shape[2], dtype)
-    segment_mm(gathered, w, plan.segment_ptr, out=products)
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(gathered[lo:hi], w[s], out=products[lo:hi])
     return reduce_rows_cpu(
         products,
         plan.dst_ptr,
