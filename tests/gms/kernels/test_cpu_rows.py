@@ -141,3 +141,14 @@ def test_gather_rows_checks_its_output():
     for bad in (torch.empty(2, 5), torch.empty(3, 5, dtype=torch.float64), torch.empty(5, 3).t()):
         with pytest.raises(ValueError, match="'out'"):
             gather_rows_cpu(x, index, out=bad)
+
+
+def test_a_plan_with_scratch_copies_and_pickles_without_it():
+    import copy
+    import pickle
+
+    pl = _tiny_plan()
+    buffer = scratch(pl, "products", 12, 8, torch.float32)
+    for twin in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl))):
+        fresh = scratch(twin, "products", 12, 8, torch.float32)
+        assert fresh.data_ptr() != buffer.data_ptr() and fresh.shape == (12, 8)

@@ -18,6 +18,7 @@ is two row reads and one row write per output row, nothing else.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numba
@@ -223,6 +224,13 @@ def check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
         raise ValueError(expected("gms", "out", want, got))
 
 
+class _Scratch(threading.local):
+    """Each thread's scratch buffers; a copied or pickled plan starts without any."""
+
+    def __reduce__(self) -> tuple[type[_Scratch], tuple[()]]:
+        return (_Scratch, ())
+
+
 def scratch(plan: GMSPlan, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """A ``[rows, cols]`` intermediate of this plan and thread, reused by every later call.
 
@@ -234,13 +242,11 @@ def scratch(plan: GMSPlan, name: str, rows: int, cols: int, dtype: torch.dtype) 
     thread (a concurrent call on the same plan gets its own), and never leave the kernel that
     asked: callers return only tensors they allocated.
     """
-    import threading
-
     import torch
 
     local = plan.memo.get("scratch")
     if local is None:
-        local = plan.memo.setdefault("scratch", threading.local())
+        local = plan.memo.setdefault("scratch", _Scratch())
     buffers = getattr(local, "buffers", None)
     if buffers is None:
         buffers = local.buffers = {}
