@@ -13,7 +13,9 @@ For each problem, in one process (see :func:`time_blocks` for the protocol): eve
 ``fusekit.gms.gms`` (the custom op a model calls, plan built once beforehand), and the ATen
 composition given the same segment-sorted indices: ``index_select`` -> ``torch._grouped_mm``
 (or one ``torch.mm`` per segment) -> ``index_add_`` (-> divide by the degree for mean). The
-faster of the two ATen variants is the baseline of ``speedup``. Every column is defined in
+faster of the two ATen variants is the baseline of ``speedup``. The last rows, ``floor: bare
+GEMMs``, time the segment GEMMs alone on rows gathered beforehand (no gather, scale or scatter);
+``over_floor`` of a row is its time over the faster of them. Every column is defined in
 ``benchmarks/README.md``.
 
 ``--backends`` adds the numba-vs-C++ study behind the CPU kernels: the ``(GMS)seg`` kernel
@@ -111,6 +113,38 @@ def time_blocks(
     return out
 
 
+#: Rows that time the segment GEMMs alone, on rows gathered beforehand (not a baseline).
+FLOOR = "floor: bare GEMMs"
+
+
+def bare_gemms(
+    rows: torch.Tensor, w: torch.Tensor, ptr: torch.Tensor
+) -> dict[str, Callable[[], object]]:
+    """The GEMMs of the problem and nothing else: ``P = rows[p] @ w[s]`` per segment.
+
+    ``rows`` are ``x[g]`` gathered beforehand, contiguous and in segment order, so no gather,
+    scale or scatter is timed: ``torch._grouped_mm`` where it applies, and one ``torch.mm`` per
+    segment into one preallocated output. Every implementation runs these GEMMs (or the same
+    FLOPs in its own kernel), so its time over the faster of the two is its overhead for
+    routing, gather and scatter.
+    """
+    out = rows.new_empty(rows.shape[0], w.shape[2])
+    starts, ends = ptr[:-1].tolist(), ptr[1:].tolist()
+    bounds = [(s, lo, hi) for s, (lo, hi) in enumerate(zip(starts, ends, strict=True))]
+
+    def per_segment() -> torch.Tensor:
+        for s, lo, hi in bounds:
+            if hi > lo:
+                torch.mm(rows[lo:hi], w[s], out=out[lo:hi])
+        return out
+
+    impls: dict[str, Callable[[], object]] = {f"{FLOOR} (per-segment mm)": per_segment}
+    if grouped_mm_supported(rows, w):
+        offs = ptr[1:].to(torch.int32)
+        impls[f"{FLOOR} (_grouped_mm)"] = lambda: torch._grouped_mm(rows, w, offs=offs)
+    return impls
+
+
 def problem_bytes(cfg: Config) -> int:
     """Least DRAM traffic of the problem: x, w, indices (and scale) read once, y written once."""
     wl = cfg.workload
@@ -148,15 +182,19 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
     strategies = enumerate_candidates(wl.reduce)
     for s in strategies:
         impls[s.name] = lambda s=s: gms(x, w, pl, wl.scale, s)
+    impls.update(bare_gemms(x.index_select(0, pl.gather), w, pl.segment_ptr))
 
     expected = impls["aten per-segment mm"]()
     for name, fn in impls.items():  # every impl computes the same thing
+        if name.startswith(FLOOR):
+            continue
         got = fn()
         assert isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4, msg=f"{cfg.label} {name}")
 
     times = time_blocks(impls, repeats)
     aten_best = min(times[n][0] for n in impls if n.startswith("aten"))
+    floor_s = min(times[n][0] for n in impls if n.startswith(FLOOR))
     flops = 2 * wl.num_pairs * cfg.k * cfg.m
     nbytes = problem_bytes(cfg)
     bound_s = max(flops / target.peak("fp32"), nbytes / target.mem_bw_bytes_per_s)
@@ -179,6 +217,7 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
                 "flops_per_s": flops / median,
                 "bytes_per_s": nbytes / median,
                 "fraction_of_roofline": bound_s / median,
+                "over_floor": median / floor_s,
                 "plan_s": plan_s,
             }
         )
@@ -343,11 +382,13 @@ def main() -> None:
         rows = run_config(cfg, target, repeats)
         records += rows
         best = max(
-            (r for r in rows if not str(r["impl"]).startswith("aten")), key=lambda r: r["speedup"]
+            (r for r in rows if not str(r["impl"]).startswith(("aten", FLOOR))),
+            key=lambda r: r["speedup"],
         )
         print(
             f"{cfg.label:28s} best {best['impl']:26s} {1e3 * best['median_s']:8.2f} ms "
-            f"speedup {best['speedup']:.2f}x  roofline {best['fraction_of_roofline']:.2f}",
+            f"speedup {best['speedup']:.2f}x  roofline {best['fraction_of_roofline']:.2f}  "
+            f"x floor {best['over_floor']:.2f}",
             flush=True,
         )
     if args.backends:

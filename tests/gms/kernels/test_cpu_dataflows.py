@@ -84,3 +84,56 @@ def test_a_corrupted_plan_raises_instead_of_reading_out_of_bounds(kernel, field,
     corrupt = dataclasses.replace(pl, **{field: bad})
     with pytest.raises(ValueError, match="plan"):
         kernel(torch.randn(9, 4), torch.randn(3, 4, 6), corrupt, None)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize(("tokens", "k", "m"), [(300, 48, 40), (5, 33, 17), (0, 16, 16)])
+def test_moe_routing(kernel, tokens, k, m):
+    # top-2 of 6 experts, expert 5 never chosen (an empty segment), gate-weighted sum; M not a
+    # multiple of the register tile's width, several column panels per tile
+    gen = torch.Generator().manual_seed(tokens)
+    logits = torch.randn(tokens, 6, generator=gen)
+    logits[:, 5] = float("-inf")
+    top = torch.topk(logits, 2, dim=1)
+    gates = torch.softmax(top.values, dim=1).flatten()
+    token = torch.arange(tokens).repeat_interleave(2)
+    expert = top.indices.flatten()
+    pl = plan(GMSProblem.create(token, expert, token, tokens, n_in=tokens, num_segments=6))
+    x, w = torch.randn(tokens, k, generator=gen), torch.randn(6, k, m, generator=gen)
+    got = kernel(x, w, pl, position_scale(pl, gates, x.dtype))
+    expected = gms_reference(x, w, token, expert, token, tokens, gates)
+    torch.testing.assert_close(got, expected, atol=1e-4 * k, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [g_mseg_s_cpu, gm_seg_s_cpu], ids=lambda k: k.__name__)
+def test_scratch_buffers_never_leak_into_results(kernel):
+    # G-Mseg-S and (GM)seg-S keep their intermediates in the plan between calls: a result must
+    # stay unchanged by later calls, whatever their width M, and concurrent calls on one plan
+    # (each thread has its own buffers) must not mix
+    import threading
+
+    gen = torch.Generator().manual_seed(3)
+    g, s, d = (torch.randint(0, n, (900,), generator=gen) for n in (70, 5, 60))
+    pl = plan(GMSProblem.create(g, s, d, 60, num_segments=5), blocks=3)
+    x = torch.randn(70, 24, generator=gen)
+    ws = [torch.randn(5, 24, m, generator=gen) for m in (16, 40, 8, 40)]
+    expected = [gms_reference(x, w, g, s, d, 60) for w in ws]
+    results = [kernel(x, w, pl, None) for w in ws]
+    for got, want in zip(results, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4 * 24, rtol=1e-4)
+
+    errors = []
+
+    def worker(w, want):
+        try:
+            for _ in range(20):
+                torch.testing.assert_close(kernel(x, w, pl, None), want, atol=1e-4 * 24, rtol=1e-4)
+        except AssertionError as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(ws[i], expected[i])) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

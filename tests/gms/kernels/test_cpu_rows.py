@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu, scratch
 
 
 def test_gather_rows():
@@ -63,3 +63,92 @@ def test_reduce_rows_guards_every_index(ptr, pos, src_index):
             pos=None if pos is None else torch.tensor(pos),
             src_index=None if src_index is None else torch.tensor(src_index),
         )
+
+
+@pytest.mark.parametrize("reduce_max", [False, True])
+def test_reduce_rows_writes_every_row_of_a_new_output(reduce_max):
+    # Without ``out`` the result is allocated uninitialised: every row, including rows without
+    # entries, must be written. Fill the allocator's memory with NaN first so a missed row shows.
+    src = torch.randn(5, 37)
+    ptr = torch.tensor([0, 0, 2, 2, 5, 5])  # rows 0, 2 and 4 get nothing
+    pos = torch.tensor([3, 0, 4, 1, 2])
+    scale = torch.tensor([0.5, -1.0, 2.0, 1.5, -0.25])
+    values = scale[:, None] * src
+    pick = (lambda v: v.max(0).values) if reduce_max else (lambda v: v.sum(0))
+    expected = torch.zeros(5, 37)
+    expected[1], expected[3] = pick(values[pos[0:2]]), pick(values[pos[2:5]])
+    for _ in range(3):
+        torch.full((5, 37), float("nan"))
+        out = reduce_rows_cpu(src, ptr, n_pairs=5, scale=scale, pos=pos, reduce_max=reduce_max)
+        torch.testing.assert_close(out, expected)
+
+
+def test_reduce_rows_without_pairs_is_zero():
+    out = reduce_rows_cpu(torch.randn(0, 6), torch.zeros(4, dtype=torch.int64), n_pairs=0)
+    torch.testing.assert_close(out, torch.zeros(3, 6))
+
+
+@pytest.mark.parametrize("reduce_max", [False, True])
+def test_reduce_rows_accumulates_into_a_given_output(reduce_max):
+    src = torch.randn(4, 3)
+    ptr = torch.tensor([0, 3, 3, 4])  # row 1 gets nothing and keeps its value (sum)
+    out = torch.randn(3, 3)
+    start = out.clone()
+    got = reduce_rows_cpu(src, ptr, n_pairs=4, out=out, reduce_max=reduce_max)
+    assert got is out
+    if reduce_max:
+        expected = torch.stack(
+            [torch.maximum(start[0], src[:3].max(0).values), torch.zeros(3), start[2].max(src[3])]
+        )
+    else:
+        expected = torch.stack([start[0] + src[:3].sum(0), start[1], start[2] + src[3]])
+    torch.testing.assert_close(got, expected)
+
+
+def _tiny_plan():
+    from fusekit.gms import GMSProblem, plan
+
+    g = torch.arange(12) % 5
+    return plan(GMSProblem.create(g, g % 3, g % 4, 4))
+
+
+def test_scratch_is_reused_per_plan_and_thread():
+    import threading
+
+    pl = _tiny_plan()
+    first = scratch(pl, "products", 12, 8, torch.float32)
+    again = scratch(pl, "products", 12, 8, torch.float32)
+    assert again.data_ptr() == first.data_ptr() and again.shape == (12, 8)
+    smaller = scratch(pl, "products", 12, 4, torch.float32)  # a view of the same memory
+    assert smaller.data_ptr() == first.data_ptr() and smaller.is_contiguous()
+    assert scratch(pl, "products", 12, 8, torch.float64).data_ptr() != first.data_ptr()
+    assert scratch(_tiny_plan(), "products", 12, 8, torch.float32).data_ptr() != first.data_ptr()
+    other = []
+    thread = threading.Thread(
+        target=lambda: other.append(scratch(pl, "products", 12, 8, torch.float32).data_ptr())
+    )
+    thread.start()
+    thread.join()
+    assert other[0] != first.data_ptr()
+
+
+def test_gather_rows_checks_its_output():
+    x = torch.randn(6, 5)
+    index = torch.tensor([5, 0, 3])
+    out = torch.empty(3, 5)
+    assert gather_rows_cpu(x, index, out=out) is out
+    torch.testing.assert_close(out, x[index])
+    for bad in (torch.empty(2, 5), torch.empty(3, 5, dtype=torch.float64), torch.empty(5, 3).t()):
+        with pytest.raises(ValueError, match="'out'"):
+            gather_rows_cpu(x, index, out=bad)
+
+
+def test_a_plan_with_scratch_copies_and_pickles_without_it():
+    import copy
+    import pickle
+
+    pl = _tiny_plan()
+    buffer = scratch(pl, "products", 12, 8, torch.float32)
+    for twin in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl))):
+        fresh = scratch(twin, "products", 12, 8, torch.float32)
+        assert fresh.data_ptr() != buffer.data_ptr() and fresh.shape == (12, 8)

@@ -3,23 +3,27 @@
 .. code-block:: text
 
     Xg[p, k] = X[g[p], k]                                   kernel 1 (numba)
-    P[p, m]  = sum_k Xg[p, k] * W[s, k, m]    p in segment s  kernel 2 (ATen grouped GEMM)
+    P[p, m]  = sum_k Xg[p, k] * W[s, k, m]    p in segment s  kernel 2 (ATen GEMM per segment)
     Y[i, m] (+= | max=) c[p] * P[p, m]        p in CSR(i)     kernel 3 (numba)
 
 Dataflow: both intermediates, ``Xg[E, K]`` and ``P[E, M]``, go through memory; in exchange the
-GEMM is the vendor's. Kernel 2 is ``torch._grouped_mm`` over the plan's segment offsets (oneDNN/MKL
-on the CPU; it needs fp32/bf16 and rows of a multiple of 16 bytes) or, otherwise, one ``torch.mm``
-per non-empty segment. Where the GEMM dominates (large ``K * M``, as in Mixture-of-Experts) this is
-the dataflow to pick on the CPU: the fused kernels' numba register tile reaches about half of
-MKL's FLOP/s. Kernels 1 and 3 replace ATen's ``index_select`` and ``index_add_``, whose
-bytes/s fall far below the streaming bandwidth (``benchmarks/hw_roofline.py``).
+GEMM is the vendor's. Kernel 2 is one ``torch.mm`` per non-empty segment (MKL on the CPU) writing
+into ``P``. ``Xg`` and ``P`` are the plan's scratch buffers, reused across calls (see
+:func:`~fusekit.gms.kernels.cpu.rows.scratch`), so a call allocates only ``Y``; kernel 3 writes
+each row of ``Y`` once, the scale fused. Kernels 1 and 3 replace ATen's ``index_select`` and
+``index_add_``, whose bytes/s fall far below the streaming bandwidth
+(``benchmarks/hw_roofline.py``). Where the GEMM dominates (large ``K * M``, as in
+Mixture-of-Experts) this dataflow and ``(GM)seg-S`` (the numba register tile instead of MKL,
+no ``Xg``) are within a few percent of the bare GEMMs; ``benchmarks/gms_kernels.py`` measures
+which is ahead on a machine.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +42,6 @@ def grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
     """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
-    from fusekit.errors import expected
-
     ptr = segment_ptr
     if (
         ptr.numel() == 0
@@ -54,27 +56,37 @@ def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
         )
 
 
-def segment_mm(rows: torch.Tensor, w: torch.Tensor, segment_ptr: torch.Tensor) -> torch.Tensor:
+def segment_mm(
+    rows: torch.Tensor,
+    w: torch.Tensor,
+    segment_ptr: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``P[p] = rows[p] @ w[s]`` for the positions ``p`` of each segment ``s`` (contiguous).
 
     Args:
         rows: ``[E, K]`` sorted by segment.
         w: ``[S_w, K, M]`` with ``S_w >= len(segment_ptr) - 1``.
         segment_ptr: ``[S + 1]`` where each segment's rows start.
+        out: ``[E, M]`` contiguous tensor to write into (one ``torch.mm`` per segment, since
+            ``torch._grouped_mm`` has no ``out``); new if None.
 
     Returns:
-        ``[E, M]``.
+        ``out``, ``[E, M]``.
     """
     import torch
 
     check_segment_ptr(segment_ptr, rows.shape[0])
     n_segments = segment_ptr.shape[0] - 1
-    if grouped_mm_supported(rows, w):
+    if out is None and grouped_mm_supported(rows, w):
         ends = segment_ptr[1:]
         if w.shape[0] > n_segments:  # trailing weight matrices that no pair uses
             ends = torch.cat([ends, ends[-1:].expand(w.shape[0] - n_segments)])
         return torch._grouped_mm(rows, w, offs=ends.to(torch.int32))
-    out = rows.new_empty(rows.shape[0], w.shape[2])
+    if out is None:
+        out = rows.new_empty(rows.shape[0], w.shape[2])
+    check_out(out, (rows.shape[0], w.shape[2]), rows.dtype)
     bounds = segment_ptr.tolist()
     for s in range(n_segments):
         lo, hi = bounds[s], bounds[s + 1]
@@ -133,8 +145,19 @@ def g_mseg_s_cpu(
     Raises:
         ValueError: a guarded index is out of range.
     """
-    gathered = gather_rows_cpu(x, plan.gather)
-    products = segment_mm(gathered, w, plan.segment_ptr)
+    import torch
+
+    e, dtype = plan.num_pairs, x.dtype
+    bounds = plan.memo.get("segment bounds")
+    if bounds is None:  # checked once per plan, like every memo entry
+        check_segment_ptr(plan.segment_ptr, e)
+        bounds = plan.memo["segment bounds"] = plan.segment_ptr.tolist()
+    gathered = gather_rows_cpu(x, plan.gather, out=scratch(plan, "rows", e, x.shape[1], dtype))
+    products = scratch(plan, "products", e, w.shape[2], dtype)
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(gathered[lo:hi], w[s], out=products[lo:hi])
     return reduce_rows_cpu(
         products,
         plan.dst_ptr,

@@ -7,9 +7,10 @@
 
 Dataflow: kernel 1 reads ``X`` rows by their gather indices straight into the register tile (no
 gathered copy) and writes the products ``P[E, M]`` in plan order; kernel 2 walks the destination
-CSR, one output row per thread. ``P`` makes one round trip through memory; in exchange no two
-threads ever write the same row and kernel 1 needs no ownership: its work items are the plan's
-(``pad`` or ``pack``) items, not destination blocks.
+CSR, one output row per thread, writing each row once. ``P`` makes one round trip through
+memory (the plan's scratch buffer, reused across calls); in exchange no two threads ever write
+the same row and kernel 1 needs no ownership: its work items are the plan's (``pad`` or
+``pack``) items, not destination blocks.
 
 Kernel 1 alone, with ``A = dY``, ``a_index = d`` and ``W^T``, is the first half of the input
 gradient (see ``fusekit.gms.dispatch``).
@@ -21,7 +22,14 @@ from typing import TYPE_CHECKING
 
 import numba
 
-from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad, reduce_rows_cpu
+from fusekit.gms.kernels.cpu.rows import (
+    check_out,
+    numpy_of,
+    plan_array,
+    raise_if_bad,
+    reduce_rows_cpu,
+    scratch,
+)
 from fusekit.gms.kernels.cpu.tile import (
     FASTMATH,
     MR,
@@ -88,7 +96,12 @@ def _gm_seg_kernel(  # type: ignore[no-untyped-def]
 
 
 def segment_products_cpu(
-    a: torch.Tensor, a_index: torch.Tensor, w: torch.Tensor, plan: GMSPlan
+    a: torch.Tensor,
+    a_index: torch.Tensor,
+    w: torch.Tensor,
+    plan: GMSPlan,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Kernel 1: ``P[p] = A[a_index[p]] @ W[segment(p)]`` for every plan position.
 
@@ -97,16 +110,19 @@ def segment_products_cpu(
         a_index: ``[E]`` the row of ``a`` of each plan position.
         w: ``[S, K, M]`` (contiguous).
         plan: the plan whose tiles and items to run.
+        out: ``[E, M]`` contiguous tensor of the dtype of ``a`` to write into; new if None.
 
     Returns:
-        ``P`` of shape ``[E, M]``.
+        ``out``, ``P`` of shape ``[E, M]``.
 
     Raises:
         ValueError: a guarded tile, item or row index is out of range.
     """
     import torch
 
-    out = torch.empty(plan.num_pairs, w.shape[2], dtype=a.dtype)
+    if out is None:
+        out = torch.empty(plan.num_pairs, w.shape[2], dtype=a.dtype)
+    check_out(out, (plan.num_pairs, w.shape[2]), a.dtype)
     bad = _gm_seg_kernel(
         numpy_of(a),
         numpy_of(a_index),
@@ -138,7 +154,8 @@ def gm_seg_s_cpu(
     Raises:
         ValueError: a guarded index is out of range.
     """
-    products = segment_products_cpu(x, plan.gather, w, plan)
+    products = scratch(plan, "products", plan.num_pairs, w.shape[2], x.dtype)
+    segment_products_cpu(x, plan.gather, w, plan, out=products)
     return reduce_rows_cpu(
         products,
         plan.dst_ptr,
