@@ -4,21 +4,24 @@ The prediction is a weighted sum of roofline times, one per kind of work::
 
     t = sum_i coef_i * term_i
 
-    tile_gemm    = 2 R_pad K M_pad / (peak * P/cores) / eta     numba register tiles (CPU) or the
+    tile_gemm    = 2 R_pad K M_pad / peak / eta                  numba register tiles (CPU) or the
                                                                 Triton tile (GPU), padded rows/cols
-    vendor_gemm  = 2 R K M / (peak * P/cores)                    torch.mm per segment (G-Mseg-S)
-    stream       = sequential bytes / bw(P)                      intermediates, W, Y written once
-    random_dram  = randomly indexed row bytes / bw(P) / eta      gathers/scatters of rows whose
+    vendor_gemm  = 2 R K M / peak                                torch.mm per segment (G-Mseg-S)
+    stream       = sequential bytes / bw                         intermediates, W, Y written once
+    random_dram  = randomly indexed row bytes / bw / eta         gathers/scatters of rows whose
                                                                 matrix is larger than the LLC
     random_cache = the same for matrices that fit the LLC        (cache-resident rows)
-    tiles        = tiles / P * 1 us                              per-tile loop and reload overhead
-    dynamic      = prange iterations / P * 0.1 us  (chunk 1 only)  handing out rows and blocks one
+    tiles        = tiles / cores * 1 us                          per-tile loop and reload overhead
+    dynamic      = prange iterations / P * 0.1 us  (chunk 1)     handing out rows and blocks one
                                                                 at a time instead of P slices
+    threads      = (cores / P - 1) * (sum of the terms above)    running on P < cores threads
     calls        = kernel calls * launch overhead                Python dispatch / GPU launches
     atomics      = atomic row bytes / bw * pairs per scatter row fused scatter on a GPU
 
 ``R`` is the GEMM rows of the order (``E``, ``V`` or ``U``, see ``candidates.Order``), rows read
-at random are rounded up to 64-byte lines, ``P`` the threads (CPU) and ``bw(P) = bw * P / cores``.
+at random are rounded up to 64-byte lines, ``P`` the threads (CPU). The rates are the whole
+machine's; the ``threads`` term's fitted coefficient says how much of it fewer threads lose
+(1: all of it; less where the reported cores share a physical core or bandwidth).
 ``eta`` is the parallel efficiency: on a CPU the busiest thread's share of the destination
 blocks (a row is never split, so a block holds at least the largest row's pairs; static
 ``prange`` gives each thread ``B/P`` consecutive blocks, dynamic hands them out one at a time),
@@ -27,8 +30,8 @@ on a GPU the programs over full waves of the SMs times the latency hiding of
 et al., CACM 2009) for every term, Efficient-GMS (DAC 2025) for the dataflows' intermediates.
 
 The coefficients default to :data:`DEFAULT_COEF` (stated efficiencies) and are refitted per
-machine from measurements by :func:`fit` (non-negative least squares on relative error, pulled
-towards the defaults); fitted coefficients are stored in the tuning cache.
+machine from measurements by :func:`fit` (least squares on log time, weakly pulled towards the
+defaults); fitted coefficients are stored in the tuning cache.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ TERMS: tuple[str, ...] = (
     "random_cache",
     "tiles",
     "dynamic",
+    "threads",
     "calls",
     "atomics",
 )
@@ -67,6 +71,7 @@ DEFAULT_COEF: Mapping[str, float] = {
     "random_cache": 0.33,
     "tiles": 1.0,
     "dynamic": 1.0,
+    "threads": 1.0,
     "calls": 3.0,
     "atomics": 1.0,
 }
@@ -168,8 +173,8 @@ def _cpu_eta(pairs: float, unit: float, blocks: int, threads: int, chunk: int) -
 def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, float], float]:
     """Roofline seconds of each term on a CPU, and the parallel efficiency (see module doc)."""
     elem = 8 if f.dtype == "fp64" else 4  # bfloat16 runs in float32 on the CPU
-    threads = cfg.launch.threads or target.cores
-    share = min(threads, target.cores) / target.cores
+    threads = min(cfg.launch.threads or target.cores, target.cores)
+    share = 1.0
     peak = target.peak(
         "fp64" if f.dtype == "fp64" and "fp64" in target.peak_flops_per_s else "fp32"
     )
@@ -239,11 +244,13 @@ def cpu_terms(f: Features, cfg: Config, target: CPUTarget) -> tuple[dict[str, fl
         "stream": stream / bw,
         "random_dram": random["dram"] / bw / eta,
         "random_cache": random["cache"] / bw / eta,
-        "tiles": 0.0 if vendor else tiles / threads * TILE_OVERHEAD_S,
+        "tiles": 0.0 if vendor else tiles / target.cores * TILE_OVERHEAD_S,
         "dynamic": iterations / threads * DYNAMIC_ITERATION_S if cfg.launch.chunk else 0.0,
-        "calls": calls * target.launch_overhead_s,
-        "atomics": 0.0,
     }
+    # fewer threads than cores: the parallel work runs up to (cores / P - 1) times longer
+    terms["threads"] = (target.cores / threads - 1.0) * sum(terms.values())
+    terms["calls"] = calls * target.launch_overhead_s
+    terms["atomics"] = 0.0
     return terms, eta
 
 
@@ -302,6 +309,7 @@ def gpu_terms(f: Features, cfg: Config, target: GPUTarget) -> tuple[dict[str, fl
         "random_cache": l2_bytes / bw,
         "tiles": 0.0,
         "dynamic": 0.0,
+        "threads": 0.0,
         "calls": calls * target.launch_overhead_s,
         "atomics": r * m * 4 / bw * dup if atomic else 0.0,
     }
@@ -350,12 +358,15 @@ def predict(
     return term_matrix(f, configs, target) @ weights
 
 
-def fit(terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.05) -> dict[str, float]:
-    """Fit the coefficients to measurements: NNLS on relative error, pulled to the defaults.
+def fit(
+    terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.002
+) -> dict[str, float]:
+    """Fit the coefficients to measurements: least squares on log time, pulled to the defaults.
 
-    Minimises ``sum_j ((T_j . c) / t_j - 1)^2 + prior_weight * n * sum_i (c_i / d_i - 1)^2``
-    over ``c >= 0`` (``T`` the term matrix, ``t`` the measured times, ``d`` the defaults), so
-    that a term the measurements barely exercise keeps its default instead of collapsing to 0.
+    Minimises ``sum_j (log(T_j . c) - log t_j)^2 + prior_weight * n * sum_i log(c_i / d_i)^2``
+    over ``c > 0`` (``T`` the term matrix, ``t`` the measured times, ``d`` the defaults). Log
+    errors weigh a 2x overestimate like a 2x underestimate, which is what ranking needs; the
+    prior keeps a term the measurements barely exercise at its default.
 
     Args:
         terms: ``[n, len(TERMS)]`` from :func:`term_matrix`.
@@ -365,16 +376,20 @@ def fit(terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.05) -
     Returns:
         Coefficients by term name.
     """
-    from scipy.optimize import nnls
+    from scipy.optimize import least_squares
 
     terms = np.asarray(terms, dtype=np.float64)
     measured_s = np.asarray(measured_s, dtype=np.float64)
     keep = measured_s > 0
-    a = terms[keep] / measured_s[keep, None]
-    b = np.ones(int(keep.sum()))
+    a, log_t = terms[keep], np.log(measured_s[keep])
     defaults = np.array([DEFAULT_COEF[t] for t in TERMS])
-    lam = math.sqrt(prior_weight * max(1, len(b)))
-    a = np.vstack([a, lam * np.diag(1.0 / defaults)])
-    b = np.concatenate([b, lam * np.ones(len(TERMS))])
-    coef, _ = nnls(a, b)
-    return {t: float(c) for t, c in zip(TERMS, coef, strict=True)}
+    lam = math.sqrt(prior_weight * max(1, len(log_t)))
+
+    def residuals(log_c: np.ndarray) -> np.ndarray:
+        predicted = a @ np.exp(log_c)
+        return np.concatenate(
+            [np.log(np.maximum(predicted, 1e-30)) - log_t, lam * (log_c - np.log(defaults))]
+        )
+
+    solution = least_squares(residuals, np.log(defaults), method="trf")
+    return {t: float(c) for t, c in zip(TERMS, np.exp(solution.x), strict=True)}
