@@ -107,9 +107,11 @@ def test_moe_routing(kernel, tokens, k, m):
 
 @pytest.mark.parametrize("kernel", [g_mseg_s_cpu, gm_seg_s_cpu], ids=lambda k: k.__name__)
 def test_scratch_buffers_never_leak_into_results(kernel):
-    # G-Mseg-S and (GM)seg-S keep their intermediates in the plan between calls: a result must
-    # stay unchanged by later calls, whatever their width M, and concurrent calls on one plan
-    # (each thread has its own buffers) must not mix
+    # G-Mseg-S and (GM)seg-S keep their intermediates in per-thread buffers between calls: a
+    # result must stay unchanged by later calls, whatever their width M, concurrent calls on one
+    # plan (each thread has its own buffers) must not mix, and the plan stays copyable
+    import copy
+    import pickle
     import threading
 
     gen = torch.Generator().manual_seed(3)
@@ -121,6 +123,8 @@ def test_scratch_buffers_never_leak_into_results(kernel):
     results = [kernel(x, w, pl, None) for w in ws]
     for got, want in zip(results, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4 * 24, rtol=1e-4)
+    for twin in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl))):
+        torch.testing.assert_close(kernel(x, ws[1], twin, None), results[1])
 
     errors = []
 

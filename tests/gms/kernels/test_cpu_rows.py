@@ -1,7 +1,12 @@
 import pytest
 import torch
 
-from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu, scratch
+from fusekit.gms.kernels.cpu.rows import (
+    gather_rows_cpu,
+    reduce_rows_cpu,
+    release_scratch,
+    scratch,
+)
 
 
 def test_gather_rows():
@@ -105,31 +110,28 @@ def test_reduce_rows_accumulates_into_a_given_output(reduce_max):
     torch.testing.assert_close(got, expected)
 
 
-def _tiny_plan():
-    from fusekit.gms import GMSProblem, plan
-
-    g = torch.arange(12) % 5
-    return plan(GMSProblem.create(g, g % 3, g % 4, 4))
-
-
-def test_scratch_is_reused_per_plan_and_thread():
+def test_scratch_is_reused_per_thread():
     import threading
 
-    pl = _tiny_plan()
-    first = scratch(pl, "products", 12, 8, torch.float32)
-    again = scratch(pl, "products", 12, 8, torch.float32)
+    release_scratch()
+    first = scratch("products", 12, 8, torch.float32)
+    again = scratch("products", 12, 8, torch.float32)
     assert again.data_ptr() == first.data_ptr() and again.shape == (12, 8)
-    smaller = scratch(pl, "products", 12, 4, torch.float32)  # a view of the same memory
+    smaller = scratch("products", 5, 4, torch.float32)  # a view of the same memory
     assert smaller.data_ptr() == first.data_ptr() and smaller.is_contiguous()
-    assert scratch(pl, "products", 12, 8, torch.float64).data_ptr() != first.data_ptr()
-    assert scratch(_tiny_plan(), "products", 12, 8, torch.float32).data_ptr() != first.data_ptr()
+    assert scratch("products", 12, 8, torch.float64).data_ptr() != first.data_ptr()
+    assert scratch("rows", 12, 8, torch.float32).data_ptr() != first.data_ptr()
+    larger = scratch("products", 40, 8, torch.float32)  # grown: a new buffer
+    assert larger.shape == (40, 8) and scratch("products", 12, 8, torch.float32).shape == (12, 8)
     other = []
     thread = threading.Thread(
-        target=lambda: other.append(scratch(pl, "products", 12, 8, torch.float32).data_ptr())
+        target=lambda: other.append(scratch("products", 12, 8, torch.float32).data_ptr())
     )
     thread.start()
     thread.join()
-    assert other[0] != first.data_ptr()
+    assert other[0] != larger.data_ptr()
+    release_scratch()
+    assert scratch("products", 12, 8, torch.float32).data_ptr() != larger.data_ptr()
 
 
 def test_gather_rows_checks_its_output():
@@ -141,14 +143,3 @@ def test_gather_rows_checks_its_output():
     for bad in (torch.empty(2, 5), torch.empty(3, 5, dtype=torch.float64), torch.empty(5, 3).t()):
         with pytest.raises(ValueError, match="'out'"):
             gather_rows_cpu(x, index, out=bad)
-
-
-def test_a_plan_with_scratch_copies_and_pickles_without_it():
-    import copy
-    import pickle
-
-    pl = _tiny_plan()
-    buffer = scratch(pl, "products", 12, 8, torch.float32)
-    for twin in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl))):
-        fresh = scratch(twin, "products", 12, 8, torch.float32)
-        assert fresh.data_ptr() != buffer.data_ptr() and fresh.shape == (12, 8)

@@ -8,7 +8,7 @@
 
 Dataflow: both intermediates, ``Xg[E, K]`` and ``P[E, M]``, go through memory; in exchange the
 GEMM is the vendor's. Kernel 2 is one ``torch.mm`` per non-empty segment (MKL on the CPU) writing
-into ``P``. ``Xg`` and ``P`` are the plan's scratch buffers, reused across calls (see
+into ``P``. ``Xg`` and ``P`` are the thread's scratch buffers, reused across calls (see
 :func:`~fusekit.gms.kernels.cpu.rows.scratch`), so a call allocates only ``Y``; kernel 3 writes
 each row of ``Y`` once, the scale fused. Kernels 1 and 3 replace ATen's ``index_select`` and
 ``index_add_``, whose bytes/s fall far below the streaming bandwidth
@@ -152,8 +152,8 @@ def g_mseg_s_cpu(
     if bounds is None:  # checked once per plan, like every memo entry
         check_segment_ptr(plan.segment_ptr, e)
         bounds = plan.memo["segment bounds"] = plan.segment_ptr.tolist()
-    gathered = gather_rows_cpu(x, plan.gather, out=scratch(plan, "rows", e, x.shape[1], dtype))
-    products = scratch(plan, "products", e, w.shape[2], dtype)
+    gathered = gather_rows_cpu(x, plan.gather, out=scratch("rows", e, x.shape[1], dtype))
+    products = scratch("products", e, w.shape[2], dtype)
     for s in range(len(bounds) - 1):
         lo, hi = bounds[s], bounds[s + 1]
         if hi > lo:

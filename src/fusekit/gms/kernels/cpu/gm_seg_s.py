@@ -8,7 +8,7 @@
 Dataflow: kernel 1 reads ``X`` rows by their gather indices straight into the register tile (no
 gathered copy) and writes the products ``P[E, M]`` in plan order; kernel 2 walks the destination
 CSR, one output row per thread, writing each row once. ``P`` makes one round trip through
-memory (the plan's scratch buffer, reused across calls); in exchange no two threads ever write
+memory (the thread's scratch buffer, reused across calls); in exchange no two threads ever write
 the same row and kernel 1 needs no ownership: its work items are the plan's (``pad`` or
 ``pack``) items, not destination blocks.
 
@@ -154,7 +154,7 @@ def gm_seg_s_cpu(
     Raises:
         ValueError: a guarded index is out of range.
     """
-    products = scratch(plan, "products", plan.num_pairs, w.shape[2], x.dtype)
+    products = scratch("products", plan.num_pairs, w.shape[2], x.dtype)
     segment_products_cpu(x, plan.gather, w, plan, out=products)
     return reduce_rows_cpu(
         products,

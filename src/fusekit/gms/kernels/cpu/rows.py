@@ -224,37 +224,39 @@ def check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
         raise ValueError(expected("gms", "out", want, got))
 
 
-class _Scratch(threading.local):
-    """Each thread's scratch buffers; a copied or pickled plan starts without any."""
-
-    def __reduce__(self) -> tuple[type[_Scratch], tuple[()]]:
-        return (_Scratch, ())
+#: Each thread's scratch buffers, by (name, dtype); see :func:`scratch`.
+_SCRATCH = threading.local()
 
 
-def scratch(plan: GMSPlan, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """A ``[rows, cols]`` intermediate of this plan and thread, reused by every later call.
+def scratch(name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """A ``[rows, cols]`` intermediate of the calling thread, reused by every later call.
 
     The products and gathered rows of a GEMM-bound problem are megabytes; allocated afresh per
     call they cost a page fault (and the kernel zeroing the page) per 4 KiB whenever the C
     allocator has handed the memory back to the system, which measured as much as the gather
     itself (MoE, 4,096 tokens top-2, K = M = 256: 4,000 faults, 20% over the bare GEMMs,
-    single thread). The buffers live in ``plan.memo`` as long as the plan, one set per calling
-    thread (a concurrent call on the same plan gets its own), and never leave the kernel that
-    asked: callers return only tensors they allocated.
+    single thread). So each thread keeps one buffer per name and dtype, grown to the largest
+    request and shared by every plan (a new plan per batch, as MoE routing makes, reuses it
+    too); :func:`release_scratch` frees them. A buffer never leaves the kernel that asked:
+    callers return only tensors they allocated, and a concurrent call from another thread gets
+    its own buffers.
     """
     import torch
 
-    local = plan.memo.get("scratch")
-    if local is None:
-        local = plan.memo.setdefault("scratch", _Scratch())
-    buffers = getattr(local, "buffers", None)
+    buffers = getattr(_SCRATCH, "buffers", None)
     if buffers is None:
-        buffers = local.buffers = {}
+        buffers = _SCRATCH.buffers = {}
     key = (name, dtype)
     buffer = buffers.get(key)
     if buffer is None or buffer.numel() < rows * cols:
+        buffers.pop(key, None)  # free the old buffer before allocating its successor
         buffer = buffers[key] = torch.empty(rows * cols, dtype=dtype)
     return buffer[: rows * cols].view(rows, cols)
+
+
+def release_scratch() -> None:
+    """Free the calling thread's :func:`scratch` buffers."""
+    _SCRATCH.buffers = {}
 
 
 def raise_if_bad(bad: int, what: str, expectation: str) -> None:
