@@ -47,13 +47,6 @@ RESULTS = Path(__file__).parent / "results"
 SEED = 1000
 
 
-def problem_of(s: W.Sized) -> GMSProblem:
-    wl = s.workload
-    return GMSProblem.create(
-        wl.gather, wl.segment, wl.scatter, wl.n_out, num_segments=wl.num_segments, reduce=wl.reduce
-    )
-
-
 def recheck(s: W.Sized, problem: GMSProblem, points: list[dict], rounds: int) -> list[float]:
     """Median seconds of each point, timed alternately for ``rounds`` rounds (same run)."""
     key = f"recheck-{s.label}"
@@ -79,7 +72,7 @@ def main() -> None:
         raise SystemExit("gms_search.py tunes on the CPU")
 
     sized = W.varied(SEED, args.problems)
-    problems = [problem_of(s) for s in sized]
+    problems = [s.workload.problem() for s in sized]
     # ---- 1. exhaustive ----
     exhaustive = []
     for i, (s, p) in enumerate(zip(sized, problems, strict=True)):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from fusekit.gms import GMSProblem, model, plan
+from fusekit.gms import model, plan
 from fusekit.gms import workloads as W
 from fusekit.gms.candidates import config_of, enumerate_candidates
 from fusekit.gms.features import features
@@ -123,14 +123,7 @@ def main() -> None:
     latency = {"tree": [], "model": []}
     for i, s in enumerate(W.varied(SEED, args.problems)):
         wl = s.workload
-        problem = GMSProblem.create(
-            wl.gather,
-            wl.segment,
-            wl.scatter,
-            wl.n_out,
-            num_segments=wl.num_segments,
-            reduce=wl.reduce,
-        )
+        problem = wl.problem()
         has_scale = wl.scale is not None
         f = features(plan(problem), s.k, s.m, torch.float32, has_scale)
         chosen = {}

@@ -43,21 +43,12 @@ def plan_(
     as_json: JsonOption = False,
 ) -> None:
     """Plan a synthetic problem and show its sizes, tiles and order sub-problems."""
-    from fusekit.gms import GMSProblem, plan
+    from fusekit.gms import plan
     from fusekit.gms import workloads as W
 
     wl = W.make(shape, seed, scale)
     start = time.perf_counter()
-    pl = plan(
-        GMSProblem.create(
-            wl.gather,
-            wl.segment,
-            wl.scatter,
-            wl.n_out,
-            num_segments=wl.num_segments,
-            reduce=wl.reduce,
-        )
-    )
+    pl = plan(wl.problem())
     plan_s = time.perf_counter() - start
     row = {
         "workload": wl.name,
@@ -193,14 +184,10 @@ MOption = Annotated[int, typer.Option("--m", help="Output width M.")]
 
 
 def _problem(shape: str, seed: int, scale: float) -> tuple[Any, Any]:
-    from fusekit.gms import GMSProblem
     from fusekit.gms import workloads as W
 
     wl = W.make(shape, seed, scale)
-    problem = GMSProblem.create(
-        wl.gather, wl.segment, wl.scatter, wl.n_out, num_segments=wl.num_segments, reduce=wl.reduce
-    )
-    return wl, problem
+    return wl, wl.problem()
 
 
 def _executor(name: str, workers: int | None) -> Any:

@@ -27,6 +27,8 @@ from fusekit.errors import expected
 if TYPE_CHECKING:
     import torch
 
+    from fusekit.gms.problem import GMSProblem
+
 SHAPES: tuple[str, ...] = ("rgcn", "conv", "moe")
 
 
@@ -60,6 +62,19 @@ class Workload:
     def num_pairs(self) -> int:
         """``E``."""
         return int(self.gather.shape[0])
+
+    def problem(self) -> GMSProblem:
+        """The validated :class:`~fusekit.gms.GMSProblem` of these indices."""
+        from fusekit.gms.problem import GMSProblem
+
+        return GMSProblem.create(
+            self.gather,
+            self.segment,
+            self.scatter,
+            self.n_out,
+            num_segments=self.num_segments,
+            reduce=self.reduce,
+        )
 
 
 def rgcn_from_triples(

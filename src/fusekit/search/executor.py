@@ -75,7 +75,25 @@ def _check_chunksize(chunksize: int) -> None:
         raise ValueError(expected("executor", "chunksize", "an int >= 1", repr(chunksize)))
 
 
-class SerialExecutor:
+class _Closing:
+    """``with executor:`` closes it on exit (the context management every executor shares)."""
+
+    def close(self) -> None:
+        """Release the workers."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SerialExecutor(_Closing):
     """Runs every item in this process, in order: for tests, debugging and tiny searches."""
 
     @property
@@ -91,19 +109,8 @@ class SerialExecutor:
     def close(self) -> None:
         """Nothing to release."""
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class LocalExecutor:
+class LocalExecutor(_Closing):
     """Runs items in ``workers`` local processes (:class:`concurrent.futures.ProcessPoolExecutor`).
 
     The pool starts on the first :meth:`map` and is reused until :meth:`close`. With
@@ -156,23 +163,12 @@ class LocalExecutor:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 def _run_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
     return [fn(item) for item in chunk]
 
 
-class RayExecutor:
+class RayExecutor(_Closing):
     """Runs items as Ray tasks, locally or on a cluster (``pip install 'fusekit[distributed]'``).
 
     ``ray`` is imported and initialised on the first :meth:`map`: with ``address`` it connects to
@@ -251,14 +247,3 @@ class RayExecutor:
 
             ray.shutdown()
             self._started = False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
