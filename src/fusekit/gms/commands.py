@@ -224,7 +224,7 @@ def tune(
 ) -> None:
     """Measure the model's best configurations of a problem; cache them; refit the model."""
     from fusekit.console import progress
-    from fusekit.gms.search import refit
+    from fusekit.gms.search import refit, space_configs
     from fusekit.gms.search import tune as run_tune
     from fusekit.hw import detect
     from fusekit.search import TuningCache, point_key
@@ -252,7 +252,8 @@ def tune(
                 progress=advance,
             )
     coef = refit(store, target)
-    predicted = dict(zip((point_key(p) for p in _points(result)), result.predicted_s, strict=True))
+    points, _ = space_configs(result.features, target)
+    predicted = dict(zip((point_key(p) for p in points), result.predicted_s, strict=True))
     rows = sorted(result.measured.items(), key=lambda kv: kv[1])
     if as_json:
         print_json(
@@ -282,13 +283,6 @@ def tune(
         f"best: {result.best_point} ({1e3 * result.best_s:.3f} ms); cache {store.path}; "
         "model refitted on the cache's measurements"
     )
-
-
-def _points(result: Any) -> list[Any]:
-    from fusekit.gms.search import space_of
-    from fusekit.hw import detect
-
-    return space_of(result.features, detect()).points()
 
 
 @app.command()
@@ -333,9 +327,8 @@ def explain_records(
     import torch
 
     from fusekit.gms import model, plan
-    from fusekit.gms.candidates import config_of
     from fusekit.gms.features import features, signature
-    from fusekit.gms.search import MODEL_NAME, hardware_key, operands, run_config, space_of
+    from fusekit.gms.search import MODEL_NAME, hardware_key, operands, run_config, space_configs
     from fusekit.gms.selector import select
     from fusekit.hw import detect
     from fusekit.search import TuningCache, time_call
@@ -346,8 +339,7 @@ def explain_records(
     has_scale = wl.scale is not None
     f = features(plan(problem), k, m, torch.float32, has_scale)
     coef = store.model(hardware_key(target), MODEL_NAME)
-    points = space_of(f, target).points()
-    configs = [config_of(p) for p in points]
+    points, configs = space_configs(f, target)
     predicted = model.predict(f, configs, target, coef)
     best: dict[str, int] = {}
     for i, p in enumerate(points):

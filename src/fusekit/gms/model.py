@@ -358,9 +358,7 @@ def predict(
     return term_matrix(f, configs, target) @ weights
 
 
-def fit(
-    terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.002
-) -> dict[str, float]:
+def fit(terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.002) -> dict[str, float]:
     """Fit the coefficients to measurements: least squares on log time, pulled to the defaults.
 
     Minimises ``sum_j (log(T_j . c) - log t_j)^2 + prior_weight * n * sum_i log(c_i / d_i)^2``

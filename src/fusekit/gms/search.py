@@ -73,6 +73,22 @@ def space_of(f: Features, target: CPUTarget | GPUTarget) -> Space:
     return gpu_space(f.reduce, target.shared_mem_per_sm_bytes, f.k, f.m, elem)
 
 
+_SPACES: dict[tuple[Any, ...], tuple[list[Point], list[Config]]] = {}
+
+
+def space_configs(f: Features, target: CPUTarget | GPUTarget) -> tuple[list[Point], list[Config]]:
+    """The points of a problem's space and their configurations, enumerated once per kind.
+
+    Spaces depend only on the target, the reduce, the dtype and the widths, so the tuner, the
+    selector and the commands share one enumeration (treat the lists as read-only).
+    """
+    key = (target.name, target.parallel_units, f.reduce, f.dtype, f.k, f.m)
+    if key not in _SPACES:
+        points = space_of(f, target).points()
+        _SPACES[key] = (points, [config_of(p) for p in points])
+    return _SPACES[key]
+
+
 def features_meta(f: Features) -> dict[str, Any]:
     """The features as JSON-ready data (kept with cache entries so a model can refit)."""
     from dataclasses import asdict
@@ -337,8 +353,7 @@ def tune(
     if coef is None and cache is not None:
         coef = cache.model(hw, MODEL_NAME)
     coef = {**model.DEFAULT_COEF, **(coef or {})}
-    points = space_of(f, target).points()
-    configs = [config_of(p) for p in points]
+    points, configs = space_configs(f, target)
     predicted = model.predict(f, configs, target, coef).tolist()
 
     n = len(points) if exhaustive else (budget if budget >= 1 else math.ceil(budget * len(points)))

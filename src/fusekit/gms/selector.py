@@ -248,24 +248,12 @@ def select_by_model(
     f: Features, target: CPUTarget | GPUTarget, coef: Mapping[str, float] | None = None
 ) -> Choice:
     """The performance model's best point of the whole space (any target, no training)."""
-    points, configs = _space(f, target)
+    from fusekit.gms.search import space_configs
+
+    points, configs = space_configs(f, target)
     predicted = model.predict(f, configs, target, coef)
     i = int(predicted.argmin())
     return Choice(configs[i], points[i], "model", float(predicted[i]))
-
-
-_SPACES: dict[tuple[Any, ...], tuple[list[Point], list[Config]]] = {}
-
-
-def _space(f: Features, target: CPUTarget | GPUTarget) -> tuple[list[Point], list[Config]]:
-    """The points and configurations of a problem's space, enumerated once per kind of space."""
-    from fusekit.gms.search import space_of
-
-    key = (target.name, target.parallel_units, f.reduce, f.dtype, f.k, f.m)
-    if key not in _SPACES:
-        points = space_of(f, target).points()
-        _SPACES[key] = (points, [config_of(p) for p in points])
-    return _SPACES[key]
 
 
 _TREE: list[TreeSelector | None] = []
