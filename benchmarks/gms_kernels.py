@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import fusekit.data
 from fusekit.gms import GMSPlan, GMSProblem, enumerate_candidates, gms, plan
 from fusekit.gms import workloads as W
 from fusekit.gms.kernels.cpu.g_mseg_s import grouped_mm_supported
@@ -45,7 +46,7 @@ from fusekit.gms.kernels.reference import gms_aten
 from fusekit.hw import CPUTarget, detect
 from fusekit.report.records import run_metadata, write_results
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(fusekit.data.__file__).parent / "files"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ def rgcn(name: str) -> W.Workload:
 
 def lidar() -> W.Workload:
     return W.kernel_map(
-        "lidar-0.1m", torch.from_numpy(np.load(DATA / "lidar_voxels.npz")["coords"])
+        "lidar-0.1m", torch.from_numpy(np.load(DATA / "lidar_251370668.npz")["coords"])
     )
 
 
