@@ -19,6 +19,14 @@ pair ``p = t k + j`` per routed (token, expert):
 
 Weights are stored in the g-mm-s layout (``[E, K, M]``, input-major), the transpose of HF's
 ``nn.Linear`` layout; :func:`from_mixtral` and :func:`swap_mixtral_moe` convert once.
+
+Routing changes every call, so planning must cost next to nothing. With ``strategy="auto"`` the
+block runs the ``G-Mseg-S`` dataflow on expert segments directly (:class:`ExpertSegments`: one
+stable argsort of the ``T k`` pairs by expert, no tiles or orders), with the gms kernels: numba
+row gather, one GEMM per expert segment into one buffer, and a numba reduce of the scaled rows
+into their tokens (each token's ``k`` rows read once, its output row written once). Its backward
+is written out in :class:`_ExpertsFn`. A named gms strategy instead plans the two problems in full
+and runs :func:`fusekit.gms.gms` twice (every dataflow; slower to plan).
 """
 
 from __future__ import annotations
@@ -118,6 +126,10 @@ class MoE(nn.Module):
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """The expert half: ``y[t] = sum_j weights[t, j] * SwiGLU_{experts[t, j]}(x[t])``."""
+        if self.strategy == "auto":
+            seg = ExpertSegments.of(experts, self.num_experts)
+            scale = weights.reshape(-1).to(x.dtype)
+            return _ExpertsFn.apply(x, self.w_gate_up, self.w_down, scale, seg)
         up, down = self.plans(experts, x)
         h = up(x, self.w_gate_up)
         a = F.silu(h[:, : self.ffn_size]) * h[:, self.ffn_size :]
@@ -164,6 +176,136 @@ class MoE(nn.Module):
             f"hidden={self.hidden_size}, ffn={self.ffn_size}, experts={self.num_experts}, "
             f"top_k={self.top_k}"
         )
+
+
+class ExpertSegments:
+    """The routed pairs ``p = t k + j`` sorted by expert: all the planning a call needs.
+
+    Attributes:
+        order: ``[P]`` pair at each sorted position (stable: tokens ascending within an expert).
+        token: ``[P]`` token of each sorted position.
+        segment_ptr: ``[E + 1]`` where each expert's positions start.
+        token_ptr: ``[T + 1]`` CSR of positions by token (``k`` each) ...
+        token_pos: ``[P]`` ... the sorted position of pair ``t k + j`` (the inverse of ``order``).
+        num_experts: ``E``.
+    """
+
+    def __init__(
+        self,
+        order: torch.Tensor,
+        token: torch.Tensor,
+        segment_ptr: torch.Tensor,
+        token_ptr: torch.Tensor,
+        token_pos: torch.Tensor,
+        num_experts: int,
+    ) -> None:
+        self.order, self.token, self.segment_ptr = order, token, segment_ptr
+        self.token_ptr, self.token_pos, self.num_experts = token_ptr, token_pos, num_experts
+
+    @classmethod
+    def of(cls, experts: torch.Tensor, num_experts: int) -> ExpertSegments:
+        """Sort the pairs of a ``[T, k]`` routing by expert."""
+        if experts.dtype not in (torch.int64, torch.int32) or experts.dim() != 2:
+            raise TypeError(expected("MoE", "experts", "[T, k] int64", f"{experts.dtype}"))
+        tokens, k = experts.shape
+        flat = experts.reshape(-1).long()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
+            raise ValueError(
+                expected("MoE", "experts", f"in [0, {num_experts})", f"[{flat.min()}, {flat.max()}]")
+            )
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=num_experts)
+        segment_ptr = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
+        segment_ptr[1:] = torch.cumsum(counts, 0)
+        token_pos = torch.empty_like(order)
+        token_pos[order] = torch.arange(order.numel(), device=flat.device)
+        token_ptr = torch.arange(0, tokens * k + 1, k, device=flat.device)
+        return cls(order, order // k, segment_ptr, token_ptr, token_pos, num_experts)
+
+
+def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        from fusekit.gms.kernels.cpu.rows import gather_rows_cpu
+
+        return gather_rows_cpu(x, index)
+    return x.index_select(0, index)
+
+
+def _reduce_tokens(
+    rows: torch.Tensor, scale: torch.Tensor, seg: ExpertSegments, tokens: int
+) -> torch.Tensor:
+    """``y[t] = sum_j scale[t k + j] * rows[token_pos[t k + j]]``."""
+    if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64):
+        from fusekit.gms.kernels.cpu.rows import reduce_rows_cpu
+
+        return reduce_rows_cpu(
+            rows, seg.token_ptr, n_pairs=rows.shape[0], src_index=seg.token_pos, scale=scale
+        )
+    k = rows.shape[0] // max(tokens, 1)
+    picked = rows[seg.token_pos] * scale[:, None]
+    return picked.view(tokens, k, -1).sum(1)
+
+
+class _ExpertsFn(torch.autograd.Function):
+    """SwiGLU experts over expert segments, forward and backward (see the module docstring).
+
+    Forward, with ``Xs = x[token]`` (positions sorted by expert)::
+
+        H = Xs @ Wgu[e]          A = silu(G) * U  (H = [G | U])
+        Z = A @ Wd[e]            y[t] = sum_j c[t k + j] * Z[pos(t, j)]
+
+    Backward, with ``dZ[p] = c[p] * dy[token[p]]``::
+
+        dc[p] = <dy[token[p]], Z[p]>          dWd[e] = A_e^T dZ_e      dA = dZ @ Wd[e]^T
+        dG = dA * U * silu'(G)   dU = dA * silu(G)
+        dWgu[e] = Xs_e^T [dG | dU]            dx = scatter_add(token, [dG | dU] @ Wgu[e]^T)
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+        scale: torch.Tensor,
+        seg: ExpertSegments,
+    ) -> torch.Tensor:
+        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+
+        ffn = w_down.shape[1]
+        xs = _gather(x, seg.token)
+        h = segment_mm(xs, w_gate_up, seg.segment_ptr, out=xs.new_empty(xs.shape[0], 2 * ffn))
+        gate, up = h[:, :ffn], h[:, ffn:]
+        a = F.silu(gate).mul_(up)
+        z = segment_mm(a, w_down, seg.segment_ptr, out=a.new_empty(a.shape[0], w_down.shape[2]))
+        y = _reduce_tokens(z, scale, seg, x.shape[0])
+        ctx.save_for_backward(x, w_gate_up, w_down, scale, xs, h, a, z)
+        ctx.seg = seg
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm, segment_outer_mm
+
+        x, w_gate_up, w_down, scale, xs, h, a, z = ctx.saved_tensors
+        seg: ExpertSegments = ctx.seg
+        ffn = w_down.shape[1]
+        e = seg.num_experts
+        dy = dy.contiguous()
+        dy_rows = _gather(dy, seg.token)
+        c = scale[seg.order]
+        d_scale = (dy_rows * z).sum(1)[seg.token_pos]
+        dz = dy_rows * c[:, None]
+        d_w_down = segment_outer_mm(a, dz, seg.segment_ptr, e)
+        da = segment_mm(dz, w_down.transpose(1, 2).contiguous(), seg.segment_ptr)
+        gate, up = h[:, :ffn], h[:, ffn:]
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        dh = torch.cat([da * up * (sig * (1 + gate * (1 - sig))), da * silu], dim=1)
+        d_w_gate_up = segment_outer_mm(xs, dh, seg.segment_ptr, e)
+        dxs = segment_mm(dh, w_gate_up.transpose(1, 2).contiguous(), seg.segment_ptr)
+        dx = torch.zeros_like(x).index_add_(0, seg.token, dxs)
+        return dx, d_w_gate_up, d_w_down, d_scale, None
 
 
 def from_mixtral(block: nn.Module, strategy: str = "auto") -> MoE:

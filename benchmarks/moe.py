@@ -1,0 +1,253 @@
+"""Mixture-of-Experts experts, side by side on the CPU: HF Mixtral's loop, torch._grouped_mm, fusekit.
+
+Problems: Mixtral-shaped experts scaled to a laptop (8 experts top-2, hidden 1024, ffn 3584) and
+fine-grained experts (64 experts top-6, hidden 1024, ffn 512), fp32, routed by
+:func:`fusekit.data.tokens.moe_batch` with Zipf(1) expert popularity, tokens from 1 to 1024.
+Every contender gets the same routing (experts and renormalised weights; the router's own GEMM is
+the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]}(x[t])``:
+
+* ``hf loop``: transformers' ``MixtralExperts.forward`` (one_hot mask, a loop over the hit
+  experts, ``F.linear`` on HF's ``[E, 2 ffn, hidden]`` / ``[E, hidden, ffn]`` weights,
+  ``index_add_``): the peer a Mixtral user runs today;
+* ``grouped_mm``: sort pairs by expert, gather, ``torch._grouped_mm`` (gate|up), SwiGLU,
+  ``torch._grouped_mm`` (down), scale, ``index_add_``;
+* ``fusekit``: ``fusekit.nn.MoE.experts`` with the gms selector (plans built per call: routing
+  changes every call), and each named gms dataflow;
+* ``floor``: the two expert GEMMs alone (``torch.mm`` per expert) on inputs gathered and made
+  contiguous beforehand (no routing, gather, activation or scatter).
+
+Roofline: with few tokens the expert weights must stream from DRAM once (bytes = active experts x
+3 x hidden x ffn x 4), bound = bytes / the measured streaming bandwidth; with many tokens the
+GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs over the measured GEMM FLOP/s). Each row's
+``fraction_of_roofline`` is the larger bound over its time.
+
+Run: ``.venv/bin/python benchmarks/moe.py [--quick]`` -> ``benchmarks/results/moe_cpu.json``
+and ``moe_cpu.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fusekit.data.tokens import moe_batch
+from fusekit.hw import CPUTarget, detect
+from fusekit.nn.moe import MoE
+from fusekit.report.records import run_metadata, write_results
+
+STRATEGIES = ("G-Mseg-S", "(GM)seg-S", "(GMS)seg")
+SHAPES = {  # name: (experts, top_k, hidden, ffn)
+    "8x2 h1024 f3584": (8, 2, 1024, 3584),
+    "64x6 h1024 f512": (64, 6, 1024, 512),
+}
+TOKENS = (1, 4, 16, 64, 256, 1024)
+
+
+def hf_experts(num_experts: int, hidden: int, ffn: int) -> torch.nn.Module:
+    """transformers' ``MixtralExperts`` (the real module) with random weights."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    cfg = MixtralConfig(
+        hidden_size=hidden, intermediate_size=ffn, num_local_experts=num_experts
+    )
+    experts = MixtralExperts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, hidden**-0.5)
+        experts.down_proj.normal_(0, ffn**-0.5)
+    return experts
+
+
+def grouped(
+    x: torch.Tensor, idx: torch.Tensor, wts: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor
+) -> torch.Tensor:
+    """The ``torch._grouped_mm`` composition (weights ``[E, K, M]``)."""
+    k = idx.shape[1]
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=gu.shape[0]), 0).to(torch.int32)
+    token = order // k
+    h = torch._grouped_mm(x[token], gu, offs=offs)
+    ffn = dn.shape[1]
+    a = (F.silu(h[:, :ffn]) * h[:, ffn:]).contiguous()
+    y = torch._grouped_mm(a, dn, offs=offs) * wts.reshape(-1)[order, None]
+    return torch.zeros_like(x).index_add_(0, token, y)
+
+
+def floor_call(
+    x: torch.Tensor, idx: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor
+) -> Callable[[], object]:
+    """The two GEMMs per expert on pre-gathered contiguous inputs."""
+    flat = idx.reshape(-1)
+    ffn = dn.shape[1]
+    xs, acts, experts = [], [], []
+    for e in range(gu.shape[0]):
+        tokens = torch.nonzero(flat == e).flatten() // idx.shape[1]
+        if tokens.numel():
+            xs.append(x[tokens].contiguous())
+            acts.append(torch.randn(tokens.numel(), ffn))
+            experts.append(e)
+    outs = [torch.empty(a.shape[0], 2 * ffn) for a in xs]
+    downs = [torch.empty(a.shape[0], dn.shape[2]) for a in xs]
+
+    def call() -> None:
+        for i, e in enumerate(experts):
+            torch.mm(xs[i], gu[e], out=outs[i])
+            torch.mm(acts[i], dn[e], out=downs[i])
+
+    return call
+
+
+def time_impls(
+    impls: dict[str, Callable[[], object]], repeats: int, budget_s: float
+) -> dict[str, float]:
+    """Median seconds per impl: one impl at a time, a warm-up call, then up to ``repeats``."""
+    out = {}
+    for name, fn in impls.items():
+        fn()
+        samples = []
+        start_all = time.perf_counter()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+            if time.perf_counter() - start_all > budget_s and len(samples) >= 3:
+                break
+        out[name] = statistics.median(samples)
+    return out
+
+
+def run_shape(
+    shape: str, tokens: int, target: CPUTarget, repeats: int, budget_s: float
+) -> list[dict[str, object]]:
+    """Every contender on one shape and token count."""
+    num_experts, top_k, hidden, ffn = SHAPES[shape]
+    torch.manual_seed(0)
+    batch = moe_batch(tokens, hidden, num_experts, top_k, skew=1.0, seed=tokens)
+    wts, idx = batch.route()
+    x = batch.x
+    hf = hf_experts(num_experts, hidden, ffn)
+    moe = MoE(hidden, ffn, num_experts, top_k)
+    with torch.no_grad():
+        moe.w_gate_up.copy_(hf.gate_up_proj.transpose(1, 2))
+        moe.w_down.copy_(hf.down_proj.transpose(1, 2))
+    gu, dn = moe.w_gate_up.detach(), moe.w_down.detach()
+    impls: dict[str, Callable[[], object]] = {
+        "hf loop": lambda: hf(x, idx, wts),
+        "grouped_mm": lambda: grouped(x, idx, wts, gu, dn),
+        "fusekit": lambda: moe.experts(x, idx, wts),
+    }
+    for strategy in STRATEGIES:
+        named = MoE(hidden, ffn, num_experts, top_k, strategy=strategy)
+        named.load_state_dict(moe.state_dict())
+        impls[f"fusekit {strategy}"] = lambda m=named: m.experts(x, idx, wts)
+    impls["floor"] = floor_call(x, idx, gu, dn)
+    with torch.no_grad():
+        expected = hf(x, idx, wts)
+        for name, fn in impls.items():
+            if name != "floor":
+                got = fn()
+                err = float((got - expected).abs().max() / expected.abs().max())
+                if err > 1e-4:
+                    raise SystemExit(f"{shape} T={tokens}: {name} differs from hf loop ({err:.2e})")
+        times = time_impls(impls, repeats, budget_s)
+    active = int(torch.unique(idx).numel())
+    pairs = tokens * top_k
+    weight_bytes = active * 3 * hidden * ffn * 4
+    flops = 2 * pairs * 3 * hidden * ffn
+    bound_s = max(weight_bytes / target.mem_bw_bytes_per_s, flops / target.peak_flops_per_s["fp32"])
+    peers = min(times["hf loop"], times["grouped_mm"])
+    rows = []
+    for name, median in times.items():
+        rows.append(
+            {
+                "problem": f"{shape} T={tokens}",
+                "shape": shape,
+                "tokens": tokens,
+                "impl": name,
+                "median_s": median,
+                "speedup_over_best_peer": peers / median,
+                "over_floor": median / times["floor"],
+                "fraction_of_roofline": bound_s / median,
+                "bound": "bandwidth" if weight_bytes / target.mem_bw_bytes_per_s
+                > flops / target.peak_flops_per_s["fp32"] else "compute",
+                "active_experts": active,
+                "selected": "expert segments (G-Mseg-S)" if name == "fusekit" else None,
+            }
+        )
+    return rows
+
+
+def plot(records: list[dict[str, object]], path: Path) -> None:
+    """Speedup over the faster peer against tokens, one panel per shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SHAPES), figsize=(11, 4), sharey=True)
+    for ax, shape in zip(axes, SHAPES, strict=True):
+        for impl in ("hf loop", "grouped_mm", "fusekit", "floor"):
+            pts = [r for r in records if r["shape"] == shape and r["impl"] == impl]
+            ax.plot(
+                [r["tokens"] for r in pts],
+                [r["speedup_over_best_peer"] for r in pts],
+                marker="o",
+                label=impl,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(shape)
+        ax.set_xlabel("tokens")
+    axes[0].set_ylabel("speedup over the faster peer")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per impl and problem")
+    parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 256; 3 repeats")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "moe_cpu.json"
+    )
+    args = parser.parse_args()
+    target = detect(refresh=True)
+    if not isinstance(target, CPUTarget):
+        raise SystemExit("moe.py measures the CPU; detect() gave no CPU target")
+    tokens = (1, 64, 256) if args.quick else TOKENS
+    repeats = 3 if args.quick else args.repeats
+    records: list[dict[str, object]] = []
+    for shape in SHAPES:
+        for t in tokens:
+            rows = run_shape(shape, t, target, repeats, args.budget)
+            records += rows
+            by = {r["impl"]: r for r in rows}
+            f = by["fusekit"]
+            print(
+                f"{shape:18s} T={t:5d} hf {1e3 * by['hf loop']['median_s']:8.2f} "
+                f"grouped {1e3 * by['grouped_mm']['median_s']:8.2f} "
+                f"fusekit {1e3 * f['median_s']:8.2f} ms ({f['selected']}) "
+                f"x{f['speedup_over_best_peer']:.2f} over peers, {f['over_floor']:.2f} of floor, "
+                f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})",
+                flush=True,
+            )
+    meta = run_metadata(target.to_dict())
+    meta["threads"] = torch.get_num_threads()
+    meta["plot"] = {"x": "tokens", "y": "speedup_over_best_peer", "hue": "impl", "log_y": True}
+    path = write_results(args.out, records, meta)
+    plot(records, args.out.with_suffix(".png"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
