@@ -308,9 +308,7 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
         var_dims[op.name] = {}
         for var in extents[op.name]:
             root = uf.find(("v", op.name, var))
-            var_dims[op.name][var] = (
-                new_index[dim_of_root[root]] if root in dim_of_root else None
-            )
+            var_dims[op.name][var] = new_index[dim_of_root[root]] if root in dim_of_root else None
     out_maps = tuple(
         (op.name, tuple(
             var_dims[op.name][t.name] if isinstance(t, IVar) else None for t in op.out.indices
@@ -449,7 +447,9 @@ def _schedule(
                     buffered.add(n.tensor)
     steps: list[Stage | RowStep] = []
     for k in range(max(level.values(), default=-1) + 1):
-        steps += [RowStep(op.name) for op in ops if roles[op.name] is Role.ROW and level[op.name] == k]
+        steps += [
+            RowStep(op.name) for op in ops if roles[op.name] is Role.ROW and level[op.name] == k
+        ]
         stage = tuple(
             op.name for op in ops if roles[op.name] is not Role.ROW and level[op.name] == k
         )

@@ -160,13 +160,17 @@ class _Emitter:
                 body = r.expr(op, red.body, k)
                 if role is Role.ROW_REDUCE:
                     acc = f"acc_{op}_{j}"
-                    self.emit(body_depth, f"{acc} = " + _COMBINE[red.op.value].format(a=acc, b=body))
+                    self.emit(
+                        body_depth, f"{acc} = " + _COMBINE[red.op.value].format(a=acc, b=body)
+                    )
                 else:
                     part = f"part_{op}_{j}"
                     size = math.prod(static_shape(self.graph, op))
                     off = r.offset(op, op, self.graph.op(op).out.indices)
                     slot = f"{part}[c * {size} + {off}]"
-                    self.emit(body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body))
+                    self.emit(
+                        body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
+                    )
         for op in ops:
             if lay.roles[op] is Role.ROW_REDUCE:
                 self.finish_reduce(depth, op, lambda j: f"acc_{op}_{j}")
@@ -190,7 +194,9 @@ class _Emitter:
         for op in cols:
             size = math.prod(static_shape(self.graph, op))
             for j, red in enumerate(self.reduces(op)):
-                self.partials.append((f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype))
+                self.partials.append(
+                    (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
+                )
         args = ins + outs + [p[0] for p in self.partials] + ["n_chunks"]
         flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
         self.emit(0, f"@numba.njit(parallel=True, cache=True, fastmath={flags})")
@@ -198,7 +204,9 @@ class _Emitter:
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         self.emit(1, "for c in numba.prange(n_chunks):")
         for op in sorted(lay.buffered):
-            self.emit(2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})")
+            self.emit(
+                2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})"
+            )
         for name, size, red, dtype in self.partials:
             self.emit(2, f"for j in range({size}):")
             self.emit(3, f"{name}[c * {size} + j] = {r.const(identity(red), dtype)}")
@@ -224,7 +232,11 @@ class _Emitter:
                 part = f"part_{op}_{j}"
                 self.emit(2, f"t{j} = {part}[k]")
                 self.emit(2, "for c in range(1, n_chunks):")
-                self.emit(3, f"t{j} = " + _COMBINE[red.op.value].format(a=f"t{j}", b=f"{part}[c * {size} + k]"))
+                self.emit(
+                    3,
+                    f"t{j} = "
+                    + _COMBINE[red.op.value].format(a=f"t{j}", b=f"{part}[c * {size} + k]"),
+                )
             self.finish_reduce(2, op, lambda j: f"t{j}")
             self.emit(2, f"out_{op}[k] = v_{op}")
         return _PRELUDE + "\n\n" + "\n".join(self.lines) + "\n", ins, outs
