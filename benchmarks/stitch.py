@@ -26,21 +26,21 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import math
+import statistics
+from pathlib import Path
+from typing import Any
 
-import numba  # noqa: E402
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import numba
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from fusekit.hw import CPUTarget, detect  # noqa: E402
-from fusekit.report.records import run_metadata, write_results  # noqa: E402
-from fusekit.search import time_call  # noqa: E402
-from fusekit.stitch.runner import Stitched  # noqa: E402
-from fusekit.stitch.workloads import NAMES, load_workload  # noqa: E402
+from fusekit.hw import CPUTarget, detect
+from fusekit.report.records import run_metadata, write_results
+from fusekit.search import time_call
+from fusekit.stitch.runner import Stitched
+from fusekit.stitch.workloads import NAMES, load_workload
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
           "squeeze", "slice", "select", "alias", "detach", "as_strided", "split"}  # fmt: skip

@@ -1,13 +1,13 @@
-"""The ILP helper: weighted set partitioning with lazy constraints, solved by HiGHS.
+r"""The ILP helper: weighted set partitioning with lazy constraints, solved by HiGHS.
 
 .. math::
 
-    \\min \\sum_c w_c x_c \\quad \\text{s.t.} \\quad \\sum_{c \\ni i} x_c = 1 \\;\\; \\forall i,
-    \\qquad x_c \\in \\{0, 1\\}
+    \min \sum_c w_c x_c \quad \text{s.t.} \quad \sum_{c \ni i} x_c = 1 \;\; \forall i,
+    \qquad x_c \in \{0, 1\}
 
 plus *lazy* cuts: after each solve a callback inspects the chosen sets and returns groups of
 candidates that must not all be chosen together; each becomes
-:math:`\\sum_{c \\in C} x_c \\le |C| - 1` and the model is solved again (the fusion planners use
+:math:`\sum_{c \in C} x_c \le |C| - 1` and the model is solved again (the fusion planners use
 this for "no cycle between chosen groups", which has too many constraints to write up front).
 A warm start (a feasible choice) is handed to HiGHS and is also the answer when the time limit
 ends the loop before a solution passes every lazy check.
@@ -109,7 +109,7 @@ def solve_partition(
                 expected("solve_partition", "warm_start", "a partition", list(warm_start))
             )
     start = time.perf_counter()
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", 1e-9)
     n = len(sets)

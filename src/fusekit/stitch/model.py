@@ -1,8 +1,8 @@
-"""Cost model of one fusion group (one kernel) on a CPU or GPU target.
+r"""Cost model of one fusion group (one kernel) on a CPU or GPU target.
 
 .. math::
 
-    t = \\max\\Big(\\frac{B_{dram}}{BW \\cdot u},\\; \\frac{F}{P \\cdot u}\\Big) + L \\cdot t_{launch}
+    t = \max\Big(\frac{B_{dram}}{BW u}, \frac{F}{P u}\Big) + L t_{launch}
 
 with (FusionStitching, arXiv 1911.11576, section 5; the roofline of Williams et al. 2009):
 
@@ -12,7 +12,7 @@ with (FusionStitching, arXiv 1911.11576, section 5; the roofline of Williams et 
   row held in registers beyond 64 values per thread spills the same way);
 - :math:`F` floating-point work: per op, its iteration domain times the arithmetic nodes of its
   expression (a transcendental function counts 8), :math:`2MNK` for a contraction;
-- :math:`u = \\min(1, \\text{rows} / \\text{parallel units})` the occupancy: a kernel whose rows
+- :math:`u = \min(1, \text{rows} / \text{parallel units})` the occupancy: a kernel whose rows
   cannot fill the cores or SMs gets that fraction of the bandwidth and FLOP/s;
 - :math:`L` launches (one per kernel; a column reduction on a GPU adds its combine kernel).
 """

@@ -56,11 +56,9 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
         from fusekit.stitch.codegen.cpu import CpuKernel
 
         return CpuKernel(graph, group.layout)
-    if backend == "triton":
-        from fusekit.stitch.codegen.triton import TritonKernel
-
-        return TritonKernel(graph, group.layout)
-    raise ValueError(expected("stitch", "backend", "'cpu' or 'triton'", backend))
+    raise ValueError(
+        expected("stitch", "backend", "'cpu' (the Triton backend is not built)", backend)
+    )
 
 
 class PlannedGraph:
@@ -69,7 +67,7 @@ class PlannedGraph:
     Args:
         plan: the plan.
         constants: values of the graph's params.
-        backend: ``"cpu"`` (numba) or ``"triton"``.
+        backend: ``"cpu"`` (numba; the only backend so far).
     """
 
     def __init__(
@@ -109,7 +107,7 @@ class Stitched:
     Args:
         model: the module (eval mode).
         target: the CPU or GPU to plan for.
-        backend: ``"cpu"`` or ``"triton"``.
+        backend: ``"cpu"``.
         method: ``"ilp"`` or ``"greedy"``.
         time_limit_s: ILP time limit.
     """
@@ -145,7 +143,7 @@ class Stitched:
         return values[0] if len(values) == 1 else values
 
 
-def compile(  # noqa: A001 - the verb users expect, as torch.compile
+def compile(
     model: torch.nn.Module,
     args: Sequence[Any],
     target: CPUTarget | GPUTarget | None = None,
@@ -160,7 +158,7 @@ def compile(  # noqa: A001 - the verb users expect, as torch.compile
         model: the module, in eval mode.
         args: example arguments (the first plan is made for their shapes).
         target: the target to plan for; the detected local CPU by default.
-        backend: ``"cpu"`` (numba) or ``"triton"``.
+        backend: ``"cpu"`` (numba).
         method: ``"ilp"`` or ``"greedy"``.
         time_limit_s: ILP time limit.
 

@@ -1,9 +1,9 @@
-"""The fusion plan: a greedy plan, then the ILP over all candidates (HiGHS), warm-started by it.
+r"""The fusion plan: a greedy plan, then the ILP over all candidates (HiGHS), warm-started by it.
 
 .. math::
 
-    \\min \\sum_c t_c x_c \\quad \\text{s.t.} \\quad \\sum_{c \\ni o} x_c = 1 \\;\\forall \\text{ops } o,
-    \\quad \\text{no cycle among the chosen groups}, \\quad x_c \\in \\{0,1\\}
+    \min \sum_c t_c x_c \;\text{s.t.}\; \sum_{c \ni o} x_c = 1 \;\forall \text{ops } o,
+    \quad \text{no cycle among the chosen groups}, \quad x_c \in \{0,1\}
 
 (FusionStitching, arXiv 1911.11576, section 4.3). The cycle constraints are lazy: each solve's
 groups are contracted (:meth:`fusekit.ir.Graph.find_quotient_cycle`) and a cycle found forbids

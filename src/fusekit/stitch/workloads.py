@@ -140,7 +140,7 @@ def _rand(*shape: int, g: torch.Generator) -> torch.Tensor:
     return torch.randn(*shape, generator=g)
 
 
-def _make(name: str, small: bool, g: torch.Generator) -> Workload:  # noqa: PLR0911
+def _make(name: str, small: bool, g: torch.Generator) -> Workload:
     n, c = (64, 96) if small else (4096, 1024)
     if name == "layernorm_fwd":
         return Workload(name, f"LayerNorm [{n},{c}]", LayerNormFwd(c).eval(), (_rand(n, c, g=g),))
@@ -166,8 +166,8 @@ def _make(name: str, small: bool, g: torch.Generator) -> Workload:  # noqa: PLR0
         b, t, d = (4, 16, 8) if small else (96, 128, 64)
         mask = torch.zeros(b, 1, t)
         mask[..., t * 3 // 4 :] = -1e4
-        args = (_rand(b, t, d, g=g), _rand(b, t, d, g=g), _rand(b, t, d, g=g), mask)
-        return Workload(name, f"BMM-scale-mask-softmax-BMM [{b},{t},{d}]", AttentionCore(), args)
+        qkvm = (_rand(b, t, d, g=g), _rand(b, t, d, g=g), _rand(b, t, d, g=g), mask)
+        return Workload(name, f"BMM-scale-mask-softmax-BMM [{b},{t},{d}]", AttentionCore(), qkvm)
     if name == "row_reduce_tall":
         shape = (3000, 32) if small else (750000, 32)
         return Workload(name, f"row sum {list(shape)}", RowSum(), (_rand(*shape, g=g),))

@@ -1,4 +1,4 @@
-"""Tour section of ``fusekit.stitch``: ILP fusion plans of small subgraphs, checked against eager."""
+"""Tour section of ``fusekit.stitch``: ILP fusion plans of small subgraphs, checked vs eager."""
 
 from __future__ import annotations
 

@@ -76,7 +76,8 @@ A1, A2, A3, A4, A5 = (np.float32(0.254829592), np.float32(-0.284496736), np.floa
 @numba.njit(inline="always", fastmath=True)
 def fexp(x):
     # exp(x) = 2^k * 2^f, k = round(x log2 e), |f| <= 1/2: a degree-7 Taylor series of 2^f
-    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) and 2^k from a table, so that LLVM vectorises it (no libm call)
+    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) and 2^k from a
+    # table, so that LLVM vectorises it (no libm call)
     t = min(max(x * LOG2E, np.float32(-126.0)), np.float32(127.0))
     k = np.floor(t + HALF)
     f = t - k
@@ -171,9 +172,8 @@ class _Emitter:
             t in lay.buffered and r.stage_of.get(t, k) < k for op in ops for t in _reads(lay, op)
         )
         if reads_buffer or any(op in lay.buffered for op in ops):
-            q = " + ".join(
-                f"{r.index(d)} * {s}" for d, s in zip(lay.inner_dims, _inner_strides(lay), strict=True)
-            )  # fmt: skip
+            pairs = zip(lay.inner_dims, _inner_strides(lay), strict=True)
+            q = " + ".join(f"{r.index(d)} * {s}" for d, s in pairs)
             self.emit(inner, f"q = {q or '0'}")
         for op in ops:
             role = lay.roles[op]
@@ -206,7 +206,7 @@ class _Emitter:
                     )
         for op in ops:
             if lay.roles[op] is Role.ROW_REDUCE:
-                self.finish_reduce(depth, op, lambda j: f"acc_{op}_{j}")
+                self.finish_reduce(depth, op, (f"acc_{op}_" + "{}").format)
                 self.store(depth, op, f"v_{op}")
 
     def finish_reduce(self, depth: int, op: str, acc: Callable[[int], str]) -> None:
@@ -240,9 +240,9 @@ class _Emitter:
             self.emit(
                 2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})"
             )
-        for name, size, red, dtype in self.partials:
+        for name, size, red_op, dtype in self.partials:
             self.emit(2, f"for j in range({size}):")
-            self.emit(3, f"{name}[c * {size} + j] = {r.const(identity(red), dtype)}")
+            self.emit(3, f"{name}[c * {size} + j] = {r.const(identity(red_op), dtype)}")
         self.emit(2, f"for p in range(c * per, min({lay.rows}, (c + 1) * per)):")
         stride = 1
         for d in reversed(lay.par_dims):
