@@ -1,0 +1,361 @@
+"""CPU backend: one numba kernel per fusion group, generated from the group's :class:`Layout`.
+
+The generated kernel (one per group, compiled once and cached on disk by its source hash)::
+
+    for c in prange(n_chunks):                    # one chunk of rows per thread
+        buf_Y = np.empty(Q)                       # regional: row buffers, reused per row
+        part_G[c, :] = identity                   # global: per-thread partials
+        for p in rows of chunk c:
+            a0, a1 = p // E1, p % E1              # parallel anchor indices
+            acc_R = identity                      # stage 1
+            for a2 in range(E2):
+                v_Y = f(in_X[...], ...)           #   local: values in registers
+                buf_Y[q] = v_Y; out_Y[...] = v_Y
+                acc_R += g(v_Y); part_G[c, a2] += h(v_Y)
+            v_R = acc_R                           # row ops, then stage 2 ...
+    out_G[k] = combine_c part_G[c, k]             # after the rows
+
+Every group also has a reference: the same ops run by :func:`fusekit.ir.interpret` (see
+:func:`fusekit.stitch.runner.reference_group`), and the tests compare the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Reduce, walk
+from fusekit.stitch.codegen.render import Dialect, Renderer, identity, static_shape
+from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
+
+if TYPE_CHECKING:
+    import torch
+
+_FUNCTIONS = {
+    "exp": "fexp({0})", "log": "math.log({0})", "log1p": "math.log1p({0})",
+    "expm1": "math.expm1({0})", "tanh": "ftanh({0})", "erf": "ferf({0})",
+    "sqrt": "math.sqrt({0})", "abs": "abs({0})", "neg": "-{0}", "sin": "math.sin({0})",
+    "cos": "math.cos({0})", "floor": "np.floor({0})", "ceil": "np.ceil({0})",
+    "sign": "np.sign({0})", "not": "not {0}",
+    "sigmoid": "ONE / (ONE + fexp(-{0}))", "silu": "{0} / (ONE + fexp(-{0}))",
+    "relu": "max({0}, ZERO)", "rsqrt": "ONE / math.sqrt({0})", "recip": "ONE / {0}",
+    "gelu": "HALF * {0} * (ONE + ferf({0} * RSQRT2))",
+    "gelu_tanh": "HALF * {0} * (ONE + ftanh(SQRT2PI * ({0} + GELU_C * {0} * {0} * {0})))",
+    "max": "max({0}, {1})", "min": "min({0}, {1})", "pow": "{0} ** {1}",
+    "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
+    "gt": "{0} > {1}", "ge": "{0} >= {1}", "and": "{0} and {1}", "or": "{0} or {1}",
+    "floordiv": "np.floor({0} / {1})", "mod": "{0} % {1}", "where": "{1} if {0} else {2}",
+}  # fmt: skip
+
+_PRELUDE = """import math
+import numba
+import numpy as np
+
+ONE = np.float32(1.0)
+ZERO = np.float32(0.0)
+HALF = np.float32(0.5)
+RSQRT2 = np.float32(0.7071067811865476)
+SQRT2PI = np.float32(0.7978845608028654)
+GELU_C = np.float32(0.044715)
+LOG2E = np.float32(1.4426950408889634)
+POW2 = np.array([2.0 ** (k - 127) for k in range(255)] + [0.0], dtype=np.float32)
+EXP_C = [np.float32(0.6931471805599453 ** n / math.factorial(n)) for n in range(8)]
+C0, C1, C2, C3, C4, C5, C6, C7 = EXP_C
+ERF_P = np.float32(0.3275911)
+A1, A2, A3, A4, A5 = (np.float32(0.254829592), np.float32(-0.284496736), np.float32(1.421413741),
+                      np.float32(-1.453152027), np.float32(1.061405429))
+
+
+@numba.njit(inline="always", fastmath=True)
+def fexp(x):
+    # exp(x) = 2^k * 2^f, k = round(x log2 e), |f| <= 1/2: a degree-7 Taylor series of 2^f
+    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) and 2^k from a
+    # table, so that LLVM vectorises it (no libm call)
+    t = min(max(x * LOG2E, np.float32(-126.0)), np.float32(127.0))
+    k = np.floor(t + HALF)
+    f = t - k
+    p = C0 + f * (C1 + f * (C2 + f * (C3 + f * (C4 + f * (C5 + f * (C6 + f * C7))))))
+    return p * POW2[np.int32(k) + 127]
+
+
+@numba.njit(inline="always", fastmath=True)
+def ferf(x):
+    # Abramowitz and Stegun 7.1.26 (absolute error < 1.5e-7), odd extension
+    a = abs(x)
+    t = ONE / (ONE + ERF_P * a)
+    y = ONE - t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5)))) * fexp(-a * a)
+    return math.copysign(y, x)
+
+
+@numba.njit(inline="always", fastmath=True)
+def ftanh(x):
+    e = fexp(np.float32(-2.0) * abs(x))
+    return math.copysign((ONE - e) / (ONE + e), x)
+"""
+
+#: numba math flags: reassociation (vectorised reductions) and contraction; NaN and inf kept
+#: (masks use -inf).
+FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
+
+
+def _const(value: float, dtype: str) -> str:
+    if math.isinf(value):
+        return f"np.{dtype}({'-' if value < 0 else ''}np.inf)"
+    if math.isnan(value):
+        return f"np.{dtype}(np.nan)"
+    return f"np.{dtype}({value!r})"
+
+
+DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
+_COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
+            "max": "max({a}, {b})", "min": "min({a}, {b})"}  # fmt: skip
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, layout: Layout) -> None:
+        self.graph, self.layout = graph, layout
+        self.r = Renderer(graph, layout, DIALECT)
+        self.lines: list[str] = []
+        self.partials: list[tuple[str, int, str, str]] = []  # (name, size, op, dtype)
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def extents_of(self, op: str, vars_: tuple[str, ...]) -> int:
+        ext = self.graph.op(op).extents({t.name: t.shape for t in self.graph.tensors})
+        n = 1
+        for v in vars_:
+            n *= int(ext[v])
+        return n
+
+    def guard(self, op: str, dims: set[int]) -> str:
+        conds = [f"{self.r.index(d)} == 0" for d in sorted(dims)]
+        return " and ".join(conds)
+
+    def store(self, depth: int, op: str, value: str, in_stage: bool = False) -> None:
+        if op not in self.layout.outputs:
+            return
+        o = self.graph.op(op)
+        covered = set(self.layout.out_dims_of(op))
+        dims = set(range(len(self.layout.extents))) if in_stage else set(self.layout.par_dims)
+        cond = self.guard(op, dims - covered)
+        off = self.r.offset(op, op, o.out.indices)
+        if cond:
+            self.emit(depth, f"if {cond}:")
+            depth += 1
+        self.emit(depth, f"out_{op}[{off}] = {value}")
+
+    def reduces(self, op: str) -> list[Reduce]:
+        return [n for n in walk(self.layout.exprs[op]) if isinstance(n, Reduce)]
+
+    def stage(self, depth: int, k: int, ops: tuple[str, ...]) -> None:
+        lay, r = self.layout, self.r
+        for op in ops:
+            if lay.roles[op] is Role.ROW_REDUCE:
+                dtype = self.graph.tensor(op).dtype
+                for j, red in enumerate(self.reduces(op)):
+                    name = f"acc_{op}_{j}"
+                    r.reduce_names[id(red)] = name
+                    self.emit(depth, f"{name} = {r.const(identity(red.op.value), dtype)}")
+        inner = depth
+        for d in lay.inner_dims:
+            self.emit(inner, f"for {r.index(d)} in range({lay.extents[d]}):")
+            inner += 1
+        reads_buffer = any(
+            t in lay.buffered and r.stage_of.get(t, k) < k for op in ops for t in _reads(lay, op)
+        )
+        if reads_buffer or any(op in lay.buffered for op in ops):
+            pairs = zip(lay.inner_dims, _inner_strides(lay), strict=True)
+            q = " + ".join(f"{r.index(d)} * {s}" for d, s in pairs)
+            self.emit(inner, f"q = {q or '0'}")
+        for op in ops:
+            role = lay.roles[op]
+            if role is Role.FULL:
+                self.emit(inner, f"v_{op} = {r.expr(op, lay.exprs[op], k)}")
+                if op in lay.buffered:
+                    self.emit(inner, f"buf_{op}[q] = v_{op}")
+                self.store(inner, op, f"v_{op}", in_stage=True)
+                continue
+            covered = {d for d in lay.var_dims[op].values() if d is not None}
+            cond = self.guard(op, set(lay.inner_dims) - covered)
+            body_depth = inner
+            if cond:
+                self.emit(inner, f"if {cond}:")
+                body_depth += 1
+            for j, red in enumerate(self.reduces(op)):
+                body = r.expr(op, red.body, k)
+                if role is Role.ROW_REDUCE:
+                    acc = f"acc_{op}_{j}"
+                    self.emit(
+                        body_depth, f"{acc} = " + _COMBINE[red.op.value].format(a=acc, b=body)
+                    )
+                else:
+                    part = f"part_{op}_{j}"
+                    size = math.prod(static_shape(self.graph, op))
+                    off = r.offset(op, op, self.graph.op(op).out.indices)
+                    slot = f"{part}[c * {size} + {off}]"
+                    self.emit(
+                        body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
+                    )
+        for op in ops:
+            if lay.roles[op] is Role.ROW_REDUCE:
+                self.finish_reduce(depth, op, (f"acc_{op}_" + "{}").format)
+                self.store(depth, op, f"v_{op}")
+
+    def finish_reduce(self, depth: int, op: str, acc: Callable[[int], str]) -> None:
+        dtype = self.graph.tensor(op).dtype
+        for j, red in enumerate(self.reduces(op)):
+            name = acc(j)
+            if red.op.value == "mean":
+                count = self.extents_of(op, red.vars)
+                name = f"({name} / {self.r.const(float(count), dtype)})"
+            self.r.reduce_names[id(red)] = name
+        self.emit(depth, f"v_{op} = {self.r.expr(op, self.layout.exprs[op], None)}")
+
+    def kernel(self) -> tuple[str, list[str], list[str]]:
+        lay, r = self.layout, self.r
+        ins = [f"in_{t}" for t in lay.inputs]
+        outs = [f"out_{t}" for t in lay.outputs]
+        cols = [op for op in lay.ops if lay.roles[op] is Role.COL_REDUCE]
+        for op in cols:
+            size = math.prod(static_shape(self.graph, op))
+            for j, red in enumerate(self.reduces(op)):
+                self.partials.append(
+                    (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
+                )
+        args = ins + outs + [p[0] for p in self.partials] + ["n_chunks"]
+        flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
+        self.emit(0, f"@numba.njit(parallel=True, cache=True, fastmath={flags})")
+        self.emit(0, f"def kernel({', '.join(args)}):")
+        self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
+        self.emit(1, "for c in numba.prange(n_chunks):")
+        for op in sorted(lay.buffered):
+            self.emit(
+                2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})"
+            )
+        for name, size, red_op, dtype in self.partials:
+            self.emit(2, f"for j in range({size}):")
+            self.emit(3, f"{name}[c * {size} + j] = {r.const(identity(red_op), dtype)}")
+        self.emit(2, f"for p in range(c * per, min({lay.rows}, (c + 1) * per)):")
+        stride = 1
+        for d in reversed(lay.par_dims):
+            self.emit(3, f"{r.index(d)} = (p // {stride}) % {lay.extents[d]}")
+            stride *= lay.extents[d]
+        k = 0
+        for step in lay.steps:
+            if isinstance(step, RowStep):
+                self.emit(3, f"v_{step.op} = {r.expr(step.op, lay.exprs[step.op], None)}")
+                self.store(3, step.op, f"v_{step.op}")
+            else:
+                self.stage(3, k, step.ops)
+                k += 1
+        if not any(isinstance(s, Stage) and s.ops for s in lay.steps) and not lay.steps:
+            self.emit(3, "pass")
+        for op in cols:
+            size = math.prod(static_shape(self.graph, op))
+            self.emit(1, f"for k in range({size}):")
+            for j, red in enumerate(self.reduces(op)):
+                part = f"part_{op}_{j}"
+                self.emit(2, f"t{j} = {part}[k]")
+                self.emit(2, "for c in range(1, n_chunks):")
+                self.emit(
+                    3,
+                    f"t{j} = "
+                    + _COMBINE[red.op.value].format(a=f"t{j}", b=f"{part}[c * {size} + k]"),
+                )
+            self.finish_reduce(2, op, lambda j: f"t{j}")
+            self.emit(2, f"out_{op}[k] = v_{op}")
+        return _PRELUDE + "\n\n" + "\n".join(self.lines) + "\n", ins, outs
+
+
+def _reads(lay: Layout, op: str) -> list[str]:
+    from fusekit.ir.op import Access
+
+    return [n.tensor for n in walk(lay.exprs[op]) if isinstance(n, Access)]
+
+
+def _inner_strides(lay: Layout) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(lay.inner_dims):
+        out.append(acc)
+        acc *= lay.extents[d]
+    return out[::-1]
+
+
+def generate_cpu(graph: Graph, layout: Layout) -> str:
+    """The numba source of the group's kernel (a module defining ``kernel``)."""
+    return _Emitter(graph, layout).kernel()[0]
+
+
+def cache_dir() -> Path:
+    """Where generated kernels are written (numba caches their machine code beside them)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "fusekit" / "stitch"
+
+
+_LOADED: dict[str, Callable[..., Any]] = {}
+
+
+def compile_source(source: str) -> Callable[..., Any]:
+    """Load a generated module and return its ``kernel`` (memoised by source hash)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    if digest in _LOADED:
+        return _LOADED[digest]
+    path = cache_dir() / f"k_{digest}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"fusekit_stitch_k_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"stitch: cannot load generated kernel {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's cache re-imports the module by name
+    spec.loader.exec_module(module)
+    _LOADED[digest] = module.kernel
+    return _LOADED[digest]
+
+
+class CpuKernel:
+    """A compiled group: call it with the group's input tensors, get its outputs.
+
+    Args:
+        graph: the planned graph.
+        layout: the group's :class:`Layout`.
+    """
+
+    def __init__(self, graph: Graph, layout: Layout) -> None:
+        emitter = _Emitter(graph, layout)
+        self.source, _, _ = emitter.kernel()
+        self.layout = layout
+        self.partials = emitter.partials
+        self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
+        self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
+        self._fn: Callable[..., Any] | None = None
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the kernel on ``values`` (every input of the group) and return its outputs."""
+        import numba
+        import numpy as np
+        import torch
+
+        if self._fn is None:
+            self._fn = compile_source(self.source)
+        ins = [values[t].detach().contiguous().reshape(-1).numpy() for t in self.layout.inputs]
+        outs = {
+            t: torch.empty(self.shapes[t], dtype=getattr(torch, self.dtypes[t]))
+            for t in self.layout.outputs
+        }
+        chunks = max(1, min(self.layout.rows, numba.get_num_threads()))
+        parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
+        self._fn(*ins, *(o.reshape(-1).numpy() for o in outs.values()), *parts, chunks)
+        return outs

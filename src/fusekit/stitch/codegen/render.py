@@ -1,0 +1,133 @@
+"""Rendering index expressions of a stitched group as source text, shared by the backends.
+
+A backend gives a :class:`Dialect` (how to spell functions, selections, typed constants, array
+reads); :class:`Renderer` walks an op's folded expression and spells every read according to
+where the value lives in the kernel::
+
+    external tensor X[t0, t1]        in_X[t0 * S0 + t1]          (terms over anchor indices)
+    same-stage full op Y             v_Y                          (a register)
+    earlier-stage full op Y          buf_Y[q]                     (the row buffer)
+    row op or row reduction R        v_R                          (a scalar of the row)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
+from fusekit.stitch.schemes import Layout, Role, Stage
+
+FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one backend spells expressions.
+
+    Attributes:
+        functions: IR function name to a format string over ``{0}``, ``{1}``, ``{2}``.
+        typed_const: spells a float constant of a dtype (e.g. ``np.float32(0.5)``).
+        read: spells a read of array ``name`` at offset text.
+    """
+
+    functions: Mapping[str, str]
+    typed_const: Callable[[float, str], str]
+    read: Callable[[str, str], str]
+
+
+def strides(shape: tuple[int, ...]) -> list[int]:
+    """Row-major strides of ``shape``."""
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= size
+    return out[::-1]
+
+
+def static_shape(graph: Graph, name: str) -> tuple[int, ...]:
+    """The static shape of tensor ``name``."""
+    return tuple(int(s) for s in graph.tensor(name).shape)
+
+
+@dataclass
+class Renderer:
+    """Spells the expressions of one group for one backend."""
+
+    graph: Graph
+    layout: Layout
+    dialect: Dialect
+    index: Callable[[int], str] = lambda d: f"a{d}"
+    stage_of: dict[str, int] = field(default_factory=dict)
+    reduce_names: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k = 0
+        for step in self.layout.steps:
+            if isinstance(step, Stage):
+                for op in step.ops:
+                    self.stage_of[op] = k
+                k += 1
+
+    def term(self, op: str, t: IndexTerm) -> str:
+        """An index term over the anchor indices."""
+        if isinstance(t, IVar):
+            d = self.layout.var_dims[op][t.name]
+            return "0" if d is None else self.index(d)
+        if isinstance(t, IConst):
+            return str(t.value)
+        if isinstance(t, IBin):
+            sym = "//" if t.op == "/" else t.op
+            return f"({self.term(op, t.left)} {sym} {self.term(op, t.right)})"
+        raise ValueError(f"stitch: cannot render index term {t!r}")
+
+    def offset(self, op: str, tensor: str, terms: tuple[IndexTerm, ...]) -> str:
+        """The flat offset of ``tensor[terms]`` (row-major, contiguous)."""
+        parts = []
+        for t, s in zip(terms, strides(static_shape(self.graph, tensor)), strict=True):
+            text = self.term(op, t)
+            if text != "0":
+                parts.append(text if s == 1 else f"{text} * {s}")
+        return " + ".join(parts) or "0"
+
+    def const(self, value: float, dtype: str) -> str:
+        """A constant in the dtype of the op using it."""
+        if dtype in FLOATS or isinstance(value, float):
+            return self.dialect.typed_const(float(value), dtype if dtype in FLOATS else "float32")
+        return str(int(value))
+
+    def expr(self, op: str, e: Expr, reader_stage: int | None) -> str:
+        """Spell ``e`` (an expression of op ``op``); Reduce nodes by their accumulator names."""
+        dtype = self.graph.tensor(op).dtype
+        if isinstance(e, Const):
+            return self.const(e.value, dtype)
+        if isinstance(e, Access):
+            return self.read(op, e, reader_stage)
+        if isinstance(e, Bin):
+            left, right = self.expr(op, e.left, reader_stage), self.expr(op, e.right, reader_stage)
+            return f"({left} {e.op} {right})"
+        if isinstance(e, Call):
+            args = [self.expr(op, a, reader_stage) for a in e.args]
+            return "(" + self.dialect.functions[e.fn].format(*args) + ")"
+        if isinstance(e, Reduce):
+            return self.reduce_names[id(e)]
+        raise ValueError(f"stitch: cannot render {type(e).__name__}")
+
+    def read(self, op: str, acc: Access, reader_stage: int | None) -> str:
+        """A read of ``acc`` by op ``op`` from inside stage ``reader_stage`` (None: a row step)."""
+        name = acc.tensor
+        role = self.layout.roles.get(name)
+        if role is None:
+            return self.dialect.read(f"in_{name}", self.offset(op, name, acc.indices))
+        if role in (Role.ROW, Role.ROW_REDUCE):
+            return f"v_{name}"
+        if reader_stage is not None and self.stage_of[name] == reader_stage:
+            return f"v_{name}"
+        return self.dialect.read(f"buf_{name}", "q")
+
+
+def identity(op: str) -> float:
+    """The identity of a reduction."""
+    return {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[op]

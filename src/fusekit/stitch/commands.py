@@ -1,0 +1,168 @@
+"""``fusekit stitch``: plan the fusion of a model, and time the stitched kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fusekit.console import print_json, print_table
+
+app = typer.Typer(
+    help="Fusion plans (ILP on HiGHS) and stitched kernels for chains of memory-intensive ops.",
+    no_args_is_help=True,
+)
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="A stitch workload (layernorm_bwd, masked_softmax, ..., bert), an IR example "
+        "(bert, gpt_moe, gcn, rgcn) or path/to/file.py:factory."
+    ),
+]
+FullOption = Annotated[bool, typer.Option("--full", help="Benchmark shapes instead of small ones.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def load(spec: str, full: bool) -> tuple[Any, tuple[Any, ...]]:
+    """The module and arguments of ``spec`` (a stitch workload, an IR example or a file)."""
+    from fusekit.stitch.workloads import NAMES, load_workload
+
+    if spec in NAMES:
+        w = load_workload(spec, small=not full)
+        return w.module, w.args
+    from fusekit.ir.examples import load_model
+
+    ex = load_model(spec)
+    return ex.module, ex.args
+
+
+def plan_dot(plan: Any) -> str:
+    """Graphviz text of the planned graph, one cluster per stitched group."""
+    from fusekit.ir.dot import to_dot
+
+    body = to_dot(plan.graph).rstrip().removesuffix("}")
+    clusters = []
+    for k, g in enumerate(plan.groups):
+        if len(g.ops) < 2:
+            continue
+        label = f"kernel {k}: {g.layout.scheme.value if g.layout else 'alone'}"
+        nodes = " ".join(f'"op:{o}";' for o in sorted(g.ops))
+        clusters.append(
+            f'  subgraph cluster_{k} {{ label="{label}"; style=dashed; color=blue; {nodes} }}'
+        )
+    return body + "\n".join(clusters) + "\n}\n"
+
+
+def plan_summary(plan: Any) -> dict[str, Any]:
+    """The plan as JSON-ready data."""
+    return {
+        "graph": plan.graph.name,
+        "ops": len(plan.graph.ops),
+        "kernels": plan.kernels,
+        "method": plan.method,
+        "objective_s": plan.objective_s,
+        "bound_s": plan.bound_s,
+        "greedy_s": plan.greedy_s,
+        "unfused_s": plan.unfused_s,
+        "predicted_speedup": plan.unfused_s / plan.objective_s,
+        "solve_s": plan.solve_s,
+        "candidates_s": plan.candidates_s,
+        "candidates": plan.n_candidates,
+        "optimal": plan.optimal,
+        "timed_out": plan.timed_out,
+        "groups": [
+            {
+                "ops": sorted(g.ops),
+                "scheme": g.layout.scheme.value if g.layout else "alone",
+                "predicted_s": g.cost.total_s,
+                "dram_bytes": g.cost.dram_bytes,
+                "why_alone": g.reason,
+            }
+            for g in plan.groups
+        ],
+    }
+
+
+@app.command("plan")
+def plan_command(
+    model: ModelArg,
+    method: Annotated[str, typer.Option(help="ilp or greedy.")] = "ilp",
+    time_limit: Annotated[float, typer.Option(help="ILP time limit (s).")] = 5.0,
+    dot: Annotated[Path | None, typer.Option("--dot", help="Write the plan as Graphviz.")] = None,
+    full: FullOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Plan the fusion of MODEL: groups, schemes, predicted gains, objective, bound, solve time."""
+    from fusekit.hw import detect
+    from fusekit.ir.capture import capture
+    from fusekit.stitch.search import plan
+
+    module, args = load(model, full)
+    cap = capture(module, args)
+    p = plan(cap.graph, detect(), method=method, time_limit_s=time_limit)
+    if dot is not None:
+        dot.write_text(plan_dot(p))
+    summary = plan_summary(p)
+    if as_json:
+        print_json(summary)
+        return
+    rows = [
+        (k, g["scheme"], len(g["ops"]), ", ".join(g["ops"])[:70], g["predicted_s"] * 1e6,
+         g["dram_bytes"] / 1e6)
+        for k, g in enumerate(summary["groups"])
+    ]  # fmt: skip
+    print_table(f"stitch plan of {p.graph.name}", ["kernel", "scheme", "ops", "names", "us",
+                                                   "MB"], rows)  # fmt: skip
+    print(
+        f"{summary['ops']} ops -> {summary['kernels']} kernels; predicted "
+        f"{p.objective_s * 1e6:.1f} us (greedy {p.greedy_s * 1e6:.1f}, every op alone "
+        f"{p.unfused_s * 1e6:.1f}: x{summary['predicted_speedup']:.2f}); bound "
+        f"{p.bound_s * 1e6:.1f} us; ILP {p.solve_s * 1e3:.1f} ms over {p.n_candidates} "
+        f"candidates ({'optimal' if p.optimal else 'time limit'})"
+    )
+
+
+@app.command("bench")
+def bench_command(
+    model: ModelArg,
+    repeats: Annotated[int, typer.Option(help="Timed calls.")] = 10,
+    full: FullOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Time MODEL eager against its stitched kernels (and check they agree)."""
+    import torch
+
+    from fusekit.hw import detect
+    from fusekit.search import time_call
+    from fusekit.stitch.runner import Stitched
+
+    module, args = load(model, full)
+    with torch.no_grad():
+        stitched = Stitched(module, detect())
+        _, planned = stitched.prepare(*args)
+        ref, out = module(*args), stitched(*args)
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        outs = out if isinstance(out, tuple) else (out,)
+        err = max(float((a - b).abs().max()) for a, b in zip(refs, outs, strict=True))
+        eager = time_call(lambda: module(*args), repeats, warmup=2)
+        fused = time_call(lambda: stitched(*args), repeats, warmup=2)
+    data = {
+        "model": model,
+        "eager_s": eager.median_s,
+        "fusekit_s": fused.median_s,
+        "speedup": eager.median_s / fused.median_s,
+        "kernels": planned.plan.kernels,
+        "ops": len(planned.graph.ops),
+        "max_abs_err": err,
+    }
+    if as_json:
+        print_json(data)
+        return
+    print_table(
+        f"stitch bench of {model}",
+        ["eager ms", "fusekit ms", "speedup", "kernels", "IR ops", "max |err|"],
+        [(eager.median_s * 1e3, fused.median_s * 1e3, data["speedup"], data["kernels"],
+          data["ops"], err)],
+    )  # fmt: skip

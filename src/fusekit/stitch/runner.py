@@ -1,0 +1,174 @@
+"""Run a planned graph: each stitched group as its generated kernel, every other op alone.
+
+::
+
+    stitched = stitch.compile(model, args)      # capture, plan, generate, compile
+    y = stitched(*args)                          # same outputs as model(*args)
+
+An op that runs alone (a contraction, an opaque op, an op no kernel could take) is executed by
+the IR interpreter on its one-op subgraph, i.e. by the same torch calls as the reference. The
+reference of a whole group is :func:`reference_group` (the interpreter on the group's
+subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
+new input shapes (one plan per shape signature); a :class:`PlannedGraph` given other shapes
+raises a ``ValueError`` naming the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fusekit.errors import expected
+from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.ir.capture import Capture, capture
+from fusekit.ir.graph import Graph
+from fusekit.ir.interpret import interpret
+from fusekit.stitch.candidates import Candidate
+from fusekit.stitch.search import Plan, plan
+
+if TYPE_CHECKING:
+    import torch
+
+
+def reference_group(
+    graph: Graph, ops: Sequence[str] | frozenset[str], values: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The plain-PyTorch reference of one group: the interpreter on its subgraph."""
+    sub = graph.subgraph(ops)
+    return interpret(sub, {n: values[n] for n in (*sub.inputs, *sub.params)})
+
+
+class _Alone:
+    """An op (or unstitched group) run by the interpreter."""
+
+    def __init__(self, graph: Graph, group: Candidate) -> None:
+        self.sub = graph.subgraph(group.ops)
+        self.reads = (*self.sub.inputs, *self.sub.params)
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return interpret(self.sub, {n: values[n] for n in self.reads})
+
+
+def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
+    if group.layout is None:
+        return _Alone(graph, group)
+    if backend == "cpu":
+        from fusekit.stitch.codegen.cpu import CpuKernel
+
+        return CpuKernel(graph, group.layout)
+    raise ValueError(
+        expected("stitch", "backend", "'cpu' (the Triton backend is not built)", backend)
+    )
+
+
+class PlannedGraph:
+    """A graph with its plan, compiled: call it with a value for every input.
+
+    Args:
+        plan: the plan.
+        constants: values of the graph's params.
+        backend: ``"cpu"`` (numba; the only backend so far).
+    """
+
+    def __init__(
+        self, plan: Plan, constants: Mapping[str, torch.Tensor], backend: str = "cpu"
+    ) -> None:
+        self.plan = plan
+        self.graph = plan.graph
+        self.constants = dict(constants)
+        self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
+
+    def check(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Raise a ``ValueError`` for a missing input or one whose shape or dtype differs."""
+        for name in self.graph.inputs:
+            if name not in values:
+                raise ValueError(expected("stitch", name, "given", "missing"))
+            t = self.graph.tensor(name)
+            got = values[name]
+            dtype = str(got.dtype).removeprefix("torch.")
+            if tuple(got.shape) != t.shape or dtype != t.dtype:
+                raise ValueError(
+                    expected("stitch", name, f"{t.dtype}{list(t.shape)} as planned",
+                             f"{dtype}{list(got.shape)}; plan again for new shapes")
+                )  # fmt: skip
+
+    def run(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run every kernel in plan order; return the graph's outputs by name."""
+        self.check(values)
+        env: dict[str, torch.Tensor] = {**self.constants, **values}
+        for kernel in self.kernels:
+            env.update(kernel(env))
+        return {name: env[name] for name in self.graph.outputs}
+
+
+class Stitched:
+    """A module compiled by stitch; re-plans when input shapes change.
+
+    Args:
+        model: the module (eval mode).
+        target: the CPU or GPU to plan for.
+        backend: ``"cpu"``.
+        method: ``"ilp"`` or ``"greedy"``.
+        time_limit_s: ILP time limit.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        target: CPUTarget | GPUTarget,
+        backend: str = "cpu",
+        method: str = "ilp",
+        time_limit_s: float = 5.0,
+    ) -> None:
+        self.model, self.target, self.backend = model, target, backend
+        self.method, self.time_limit_s = method, time_limit_s
+        self.compiled: dict[tuple[Any, ...], tuple[Capture, PlannedGraph]] = {}
+
+    def prepare(self, *args: Any) -> tuple[Capture, PlannedGraph]:
+        """Capture and plan for the shapes of ``args`` (memoised per shape signature)."""
+        key = tuple(
+            (tuple(a.shape), str(a.dtype)) if hasattr(a, "shape") else repr(a) for a in args
+        )
+        if key not in self.compiled:
+            cap = capture(self.model, args)
+            p = plan(cap.graph, self.target, method=self.method, time_limit_s=self.time_limit_s)
+            self.compiled[key] = (cap, PlannedGraph(p, cap.constants, self.backend))
+        return self.compiled[key]
+
+    def __call__(self, *args: Any) -> Any:
+        """The model's outputs (one tensor, or a tuple as the graph returns several)."""
+        cap, planned = self.prepare(*args)
+        out = planned.run(cap.values(*args))
+        values = tuple(out[name] for name in cap.graph.outputs)
+        return values[0] if len(values) == 1 else values
+
+
+def compile(
+    model: torch.nn.Module,
+    args: Sequence[Any],
+    target: CPUTarget | GPUTarget | None = None,
+    *,
+    backend: str = "cpu",
+    method: str = "ilp",
+    time_limit_s: float = 5.0,
+) -> Stitched:
+    """Capture ``model`` on ``args``, plan its fusion and compile the kernels.
+
+    Args:
+        model: the module, in eval mode.
+        args: example arguments (the first plan is made for their shapes).
+        target: the target to plan for; the detected local CPU by default.
+        backend: ``"cpu"`` (numba).
+        method: ``"ilp"`` or ``"greedy"``.
+        time_limit_s: ILP time limit.
+
+    Returns:
+        A callable :class:`Stitched`.
+    """
+    if target is None:
+        from fusekit.hw.detect import detect
+
+        target = detect()
+    stitched = Stitched(model, target, backend, method, time_limit_s)
+    stitched.prepare(*args)
+    return stitched

@@ -1,0 +1,458 @@
+"""Stitching schemes: how the ops of one fusion group share one kernel.
+
+A group becomes one kernel over a common iteration space, the *anchor*: the index variables of
+all its ops are unified through the tensors they exchange (``Y[i,j]`` written by one op and read
+as ``Y[a,b]`` by another makes ``i = a`` and ``j = b``; inputs two ops both read plainly unify
+them too, which is how sibling reductions over different axes meet). The anchor's dims split
+into outer *parallel* dims ``P`` (one row per iteration, rows spread over threads or programs)
+and inner dims ``Q`` (loops inside a row)::
+
+    for p in P (parallel):              scheme
+        stage 1: for q in Q: ...        local     one stage: values stay in registers
+        row ops on scalars              regional  several stages: a value needed by a later
+        stage 2: for q in Q: ...                  stage is kept in a row buffer (cache, shared
+                                                  memory)
+    combine per-thread partials         global    column reductions (over P): per-thread partial
+                                                  sums, combined after the rows (two phases)
+
+Each op takes one role: ``full`` (a map over P and Q, computed in a stage), ``row`` (a map over
+P only, a scalar per row), ``row_reduce`` (reduces Q dims into a scalar per row) or
+``col_reduce`` (reduces all P dims, keeps Q dims). Layout ops read only inside the group are
+folded into their readers' index expressions. A group the analysis cannot express raises
+:class:`Unfusable` with the reason; such ops run alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import (
+    Access,
+    Bin,
+    Call,
+    Const,
+    Expr,
+    IBin,
+    IConst,
+    IndexTerm,
+    IVar,
+    Op,
+    OpKind,
+    Reduce,
+    term_accesses,
+    walk,
+)
+
+
+class Unfusable(ValueError):
+    """The group cannot become one stitched kernel; the message says why."""
+
+
+class Scheme(StrEnum):
+    """How a kernel's ops exchange values (FusionStitching's stitching schemes)."""
+
+    LOCAL = "local"
+    REGIONAL = "regional"
+    GLOBAL = "global"
+
+
+class Role(StrEnum):
+    """What one op computes inside the kernel."""
+
+    FULL = "full"
+    ROW = "row"
+    ROW_REDUCE = "row_reduce"
+    COL_REDUCE = "col_reduce"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One loop over the inner dims computing ``ops`` (full ops and reductions)."""
+
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RowStep:
+    """A scalar op computed once per row between stages."""
+
+    op: str
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The kernel structure of one group.
+
+    Attributes:
+        ops: the computed ops (layout ops folded into readers excluded), topological order.
+        folded: layout ops folded into their readers.
+        exprs: each computed op's expression after folding.
+        var_dims: per op, its variables' anchor dims (``None``: a size-1 dim, index 0).
+        extents: anchor extents, outermost first.
+        par_dims: the parallel (outer) anchor dims.
+        inner_dims: the inner anchor dims.
+        roles: each computed op's :class:`Role`.
+        steps: stages and row steps in execution order.
+        buffered: full ops a later stage reads (kept in a row buffer).
+        inputs: tensors read from outside the group.
+        outputs: tensors the group writes (read outside or returned).
+        scheme: the stitching scheme.
+        out_dims: per computed op, the anchor dim of each output dimension (``None``: size 1).
+    """
+
+    ops: tuple[str, ...]
+    folded: frozenset[str]
+    exprs: Mapping[str, Expr]
+    var_dims: Mapping[str, Mapping[str, int | None]]
+    extents: tuple[int, ...]
+    par_dims: tuple[int, ...]
+    inner_dims: tuple[int, ...]
+    roles: Mapping[str, Role]
+    steps: tuple[Stage | RowStep, ...]
+    buffered: frozenset[str]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    scheme: Scheme
+    out_dims: Mapping[str, tuple[int | None, ...]]
+
+    def out_dims_of(self, op: str) -> list[int]:
+        """The anchor dims of an op's output (size-1 dims left out)."""
+        return [d for d in self.out_dims[op] if d is not None]
+
+    @property
+    def inner_numel(self) -> int:
+        """Elements of one row (the product of the inner extents)."""
+        n = 1
+        for d in self.inner_dims:
+            n *= self.extents[d]
+        return n
+
+    @property
+    def rows(self) -> int:
+        """Number of rows (the product of the parallel extents)."""
+        n = 1
+        for d in self.par_dims:
+            n *= self.extents[d]
+        return n
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[tuple[str, str, int | str], tuple[str, str, int | str]] = {}
+
+    def find(self, x: tuple[str, str, int | str]) -> tuple[str, str, int | str]:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def members(self) -> dict[tuple[str, str, int | str], list[tuple[str, str, int | str]]]:
+        out: dict[tuple[str, str, int | str], list[tuple[str, str, int | str]]] = {}
+        for x in self.parent:
+            out.setdefault(self.find(x), []).append(x)
+        return out
+
+
+def _subst_term(term: IndexTerm, env: Mapping[str, IndexTerm]) -> IndexTerm:
+    if isinstance(term, IVar):
+        return env[term.name]
+    if isinstance(term, IBin):
+        return IBin(term.op, _subst_term(term.left, env), _subst_term(term.right, env))
+    if isinstance(term, Access):
+        raise Unfusable(f"indirect index {term.tensor}")
+    return term
+
+
+def fold_layouts(expr: Expr, layouts: Mapping[str, Op]) -> Expr:
+    """Replace reads of folded layout ops by reads of their sources, at composed indices."""
+    if isinstance(expr, Access):
+        if any(next(term_accesses(t), None) is not None for t in expr.indices):
+            raise Unfusable(f"indirect read of {expr.tensor}")
+        op = layouts.get(expr.tensor)
+        if op is None:
+            return expr
+        src = op.expr
+        if not isinstance(src, Access):
+            raise Unfusable(f"layout op {op.name} is not a read")
+        env = {
+            t.name: term for t, term in zip(op.out.indices, expr.indices, strict=True)
+            if isinstance(t, IVar)
+        }  # fmt: skip
+        return fold_layouts(
+            Access(src.tensor, tuple(_subst_term(t, env) for t in src.indices)), layouts
+        )
+    if isinstance(expr, Bin):
+        return Bin(expr.op, fold_layouts(expr.left, layouts), fold_layouts(expr.right, layouts))
+    if isinstance(expr, Call):
+        return Call(expr.fn, tuple(fold_layouts(a, layouts) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, fold_layouts(expr.body, layouts))
+    if isinstance(expr, Const):
+        return expr
+    raise Unfusable(f"expression {type(expr).__name__}")
+
+
+def _bound_vars(expr: Expr) -> list[str]:
+    return [v for n in walk(expr) if isinstance(n, Reduce) for v in n.vars]
+
+
+def analyze(graph: Graph, group: Collection[str]) -> Layout:
+    """The kernel structure of ``group``.
+
+    Args:
+        graph: the graph.
+        group: op names, a convex set.
+
+    Returns:
+        The :class:`Layout`.
+
+    Raises:
+        Unfusable: if the ops cannot share one stitched kernel (a contraction or opaque op, an
+            in-group tensor read at computed indices, variables that do not unify, reductions
+            that fit no split of the anchor into parallel and inner dims).
+    """
+    names = set(group)
+    order = [op for op in graph.ops if op.name in names]
+    if len(order) != len(names):
+        raise Unfusable("unknown op names")
+    outputs = tuple(
+        op.name for op in order
+        if op.name in graph.outputs or set(graph.successors(op.name)) - names
+    )  # fmt: skip
+    for op in order:
+        if op.kind not in (OpKind.MAP, OpKind.REDUCE) or op.accumulate:
+            raise Unfusable(f"{op.name} is a {op.kind.value} op")
+        if any(isinstance(n, Reduce) and _bound_vars(n.body) for n in walk(op.expr)):
+            raise Unfusable(f"{op.name} nests reductions")
+    layouts = {op.name: op for op in order if op.is_layout and op.name not in outputs}
+    computed = [op for op in order if op.name not in layouts]
+    if not computed:
+        raise Unfusable("only layout ops")
+    exprs = {op.name: fold_layouts(op.expr, layouts) for op in computed}
+    shapes = {t.name: t.shape for t in graph.tensors}
+    extents = {op.name: op.extents(shapes) for op in computed}
+    produced = {op.name for op in computed}
+
+    # -- unify variables through tensors: in-group tensors must agree, inputs only help --
+    uf = _UnionFind()
+    owners: dict[tuple[str, str, int | str], set[tuple[str, str, int | str]]] = {}
+
+    def key_of(x: tuple[str, str, int | str]) -> set[tuple[str, str, int | str]]:
+        return owners.setdefault(uf.find(x), {x})
+
+    def union(a: tuple[str, str, int | str], b: tuple[str, str, int | str], strict: bool) -> None:
+        ra, rb = uf.find(a), uf.find(b)
+        if ra == rb:
+            return
+        merged = key_of(a) | key_of(b)
+        seen: dict[str, tuple[str, str, int | str]] = {}
+        for m in merged:
+            prev = seen.setdefault(m[1], m)
+            if prev != m:
+                if strict:
+                    raise Unfusable(f"{m[1]} would index one loop with two of its dims")
+                return
+        uf.parent[ra] = rb
+        owners[rb] = merged
+        owners.pop(ra, None)
+
+    reads: list[tuple[Op, Access]] = []
+    for op in computed:
+        for var in extents[op.name]:
+            uf.find(("v", op.name, var))
+        for d, t in enumerate(op.out.indices):
+            if isinstance(t, IVar):
+                union(("v", op.name, t.name), ("t", "#" + op.name, d), True)
+        reads += [(op, n) for n in walk(exprs[op.name]) if isinstance(n, Access)]
+    for op, acc in reads:
+        if acc.tensor not in produced:
+            continue
+        for d, t in enumerate(acc.indices):
+            if isinstance(t, IVar):
+                union(("v", op.name, t.name), ("t", "#" + acc.tensor, d), True)
+            elif not (isinstance(t, IConst) and shapes[acc.tensor][d] == 1):
+                raise Unfusable(f"{op.name} reads in-group {acc.tensor} at a computed index")
+    for op, acc in sorted(reads, key=lambda r: -_numel(shapes[r[1].tensor])):
+        if acc.tensor in produced:
+            continue
+        for d, t in enumerate(acc.indices):
+            if isinstance(t, IVar) and shapes[acc.tensor][d] == extents[op.name][t.name]:
+                union(("v", op.name, t.name), ("t", "@" + acc.tensor, d), False)
+
+    # -- anchor dims: one per class holding a variable of extent > 1, in storage order --
+    classes = uf.members()
+    dim_of_root: dict[tuple[str, str, int | str], int] = {}
+    root_extent: list[int] = []
+    root_order: list[tuple[str, str, int | str]] = []
+    for root, members in classes.items():
+        sizes = {int(extents[m[1]][str(m[2])]) for m in members if m[0] == "v"}
+        if not sizes:
+            continue
+        if len(sizes) > 1:
+            raise Unfusable(f"one loop with extents {sorted(sizes)}")
+        size = sizes.pop()
+        if size > 1:
+            dim_of_root[root] = len(root_extent)
+            root_extent.append(size)
+            root_order.append(root)
+    rank = _storage_rank(root_order, classes, shapes)
+    perm = sorted(range(len(root_order)), key=lambda i: rank[i])
+    new_index = {old: new for new, old in enumerate(perm)}
+    anchor = tuple(root_extent[i] for i in perm)
+    var_dims: dict[str, dict[str, int | None]] = {}
+    for op in computed:
+        var_dims[op.name] = {}
+        for var in extents[op.name]:
+            root = uf.find(("v", op.name, var))
+            var_dims[op.name][var] = new_index[dim_of_root[root]] if root in dim_of_root else None
+    out_maps = tuple(
+        (op.name, tuple(
+            var_dims[op.name][t.name] if isinstance(t, IVar) else None for t in op.out.indices
+        ))
+        for op in computed
+    )  # fmt: skip
+
+    # -- split anchor dims into parallel and inner, the innermost possible first --
+    n = len(anchor)
+    roles: dict[str, Role] | None = None
+    split = n
+    for split in ([n - 1] if n else [0]) + list(range(n - 2, -1, -1)):
+        roles = _roles(computed, exprs, var_dims, dict(out_maps), set(range(split)), n)
+        if roles is not None:
+            break
+    if roles is None:
+        raise Unfusable("no split of the loops into rows and columns fits every reduction")
+    par, inner = tuple(range(split)), tuple(range(split, n))
+    for op in computed:
+        if roles[op.name] is Role.COL_REDUCE and set(graph.successors(op.name)) & produced:
+            raise Unfusable(f"column reduction {op.name} is read inside the group")
+    steps, buffered = _schedule(computed, exprs, roles, produced)
+    scheme = (
+        Scheme.GLOBAL if Role.COL_REDUCE in roles.values()
+        else Scheme.REGIONAL if sum(isinstance(s, Stage) for s in steps) > 1
+        else Scheme.LOCAL
+    )  # fmt: skip
+    inputs = tuple(
+        dict.fromkeys(
+            n.tensor for op in computed for n in walk(exprs[op.name])
+            if isinstance(n, Access) and n.tensor not in produced
+        )
+    )  # fmt: skip
+    return Layout(
+        ops=tuple(op.name for op in computed),
+        folded=frozenset(layouts),
+        exprs=exprs,
+        var_dims=var_dims,
+        extents=anchor,
+        par_dims=par,
+        inner_dims=inner,
+        roles=roles,
+        steps=steps,
+        buffered=buffered,
+        inputs=inputs,
+        outputs=outputs,
+        scheme=scheme,
+        out_dims=dict(out_maps),
+    )
+
+
+def _numel(shape: tuple[int | str, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s if isinstance(s, int) else 1
+    return n
+
+
+def _storage_rank(
+    roots: list[tuple[str, str, int | str]],
+    classes: Mapping[tuple[str, str, int | str], list[tuple[str, str, int | str]]],
+    shapes: Mapping[str, tuple[int | str, ...]],
+) -> list[tuple[int, int]]:
+    """Order anchor dims as the largest tensor touching them stores them (outer first)."""
+    best: list[tuple[int, int]] = []
+    for root in roots:
+        ranked = [
+            (-_numel(shapes[m[1].lstrip("@#")]), int(m[2]) - len(shapes[m[1].lstrip("@#")]))
+            for m in classes[root] if m[0] == "t"
+        ]  # fmt: skip
+        best.append(min(ranked) if ranked else (0, 0))
+    return best
+
+
+def _roles(
+    ops: list[Op],
+    exprs: Mapping[str, Expr],
+    var_dims: Mapping[str, Mapping[str, int | None]],
+    out_maps: Mapping[str, tuple[int | None, ...]],
+    par: set[int],
+    n: int,
+) -> dict[str, Role] | None:
+    inner = set(range(n)) - par
+    roles: dict[str, Role] = {}
+    for op in ops:
+        dims = var_dims[op.name]
+        kept = {d for d in out_maps[op.name] if d is not None}
+        bound = {dims[v] for v in _bound_vars(exprs[op.name])} - {None}
+        if not _bound_vars(exprs[op.name]):
+            if not par <= kept:
+                return None
+            roles[op.name] = Role.FULL if kept & inner else Role.ROW
+        elif bound <= inner and not kept & inner and par <= kept:
+            roles[op.name] = Role.ROW_REDUCE
+        elif par <= bound and kept <= inner and _only_reductions(exprs[op.name]):
+            roles[op.name] = Role.COL_REDUCE
+        else:
+            return None
+    return roles
+
+
+def _only_reductions(expr: Expr) -> bool:
+    """Whether every read of ``expr`` sits inside a reduction (what a column reduction needs)."""
+    if isinstance(expr, Access):
+        return False
+    if isinstance(expr, Reduce | Const):
+        return True
+    if isinstance(expr, Bin):
+        return _only_reductions(expr.left) and _only_reductions(expr.right)
+    if isinstance(expr, Call):
+        return all(_only_reductions(a) for a in expr.args)
+    return False
+
+
+def _schedule(
+    ops: list[Op], exprs: Mapping[str, Expr], roles: Mapping[str, Role], produced: set[str]
+) -> tuple[tuple[Stage | RowStep, ...], frozenset[str]]:
+    """Put each op in the earliest stage its inputs allow.
+
+    A full op or reduction joins the stage of its latest full input, or the stage after a row
+    reduction it reads; a row op runs before the first stage that may read it. A full value
+    read by a later stage is buffered.
+    """
+    level: dict[str, int] = {}
+    buffered: set[str] = set()
+    for op in ops:
+        deps = [
+            n.tensor for n in walk(exprs[op.name]) if isinstance(n, Access) and n.tensor in produced
+        ]
+        need = [level[d] + (roles[d] is Role.ROW_REDUCE) for d in deps]
+        level[op.name] = max(need, default=0)
+    for op in ops:
+        for n in walk(exprs[op.name]):
+            if isinstance(n, Access) and n.tensor in produced:
+                if roles[n.tensor] is Role.FULL and level[n.tensor] < level[op.name]:
+                    buffered.add(n.tensor)
+    steps: list[Stage | RowStep] = []
+    for k in range(max(level.values(), default=-1) + 1):
+        steps += [
+            RowStep(op.name) for op in ops if roles[op.name] is Role.ROW and level[op.name] == k
+        ]
+        stage = tuple(
+            op.name for op in ops if roles[op.name] is not Role.ROW and level[op.name] == k
+        )
+        if stage:
+            steps.append(Stage(stage))
+    return tuple(steps), frozenset(buffered)

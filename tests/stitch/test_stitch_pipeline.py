@@ -1,0 +1,155 @@
+import logging
+
+import pytest
+import torch
+
+from fusekit.hw import CPUTarget, detect
+from fusekit.ir import capture
+from fusekit.stitch.classify import OpClass, classify_graph, dominant_ops
+from fusekit.stitch.model import estimate, tensor_bytes
+from fusekit.stitch.runner import PlannedGraph, Stitched, reference_group
+from fusekit.stitch.schemes import Role, Scheme, Unfusable, analyze
+from fusekit.stitch.search import plan
+from fusekit.stitch.workloads import NAMES, load_workload
+
+
+@pytest.fixture(scope="module")
+def target() -> CPUTarget:
+    return detect()
+
+
+def _graph(name: str):
+    w = load_workload(name, small=True)
+    return w, capture(w.module, w.args)
+
+
+def test_classify_layernorm_backward():
+    _, cap = _graph("layernorm_bwd")
+    classes = classify_graph(cap.graph)
+    assert classes["mean1"] is OpClass.ROW_REDUCE
+    assert classes["sum1"] is OpClass.COL_REDUCE
+    assert classes["unsqueeze"] is OpClass.LAYOUT
+    assert OpClass.BROADCAST in classes.values()
+    assert {"mean1", "mean2", "sum1", "sum2"} <= set(dominant_ops(cap.graph))
+
+
+def test_classify_gemm_in_attention():
+    _, cap = _graph("attention_core")
+    assert classify_graph(cap.graph)["bmm"] is OpClass.GEMM
+
+
+def test_layernorm_is_regional_three_stages():
+    _, cap = _graph("layernorm_fwd")
+    lay = analyze(cap.graph, [op.name for op in cap.graph.ops])
+    assert lay.scheme is Scheme.REGIONAL
+    assert sum(1 for s in lay.steps if hasattr(s, "ops")) == 3
+    assert lay.buffered == {"layer_norm_cent"}
+    assert lay.roles["layer_norm_mean"] is Role.ROW_REDUCE
+
+
+def test_sibling_reductions_share_one_global_kernel():
+    _, cap = _graph("sibling_reductions")
+    lay = analyze(cap.graph, [op.name for op in cap.graph.ops])
+    assert lay.scheme is Scheme.GLOBAL
+    assert {lay.roles[o] for o in lay.ops} == {Role.ROW_REDUCE, Role.COL_REDUCE}
+
+
+def test_contraction_is_unfusable():
+    _, cap = _graph("attention_core")
+    with pytest.raises(Unfusable, match="contraction"):
+        analyze(cap.graph, ["bmm", "mul"])
+
+
+def test_cost_model_by_hand():
+    w, cap = _graph("bias_gelu")
+    g = cap.graph
+    target = CPUTarget(
+        name="t",
+        description="",
+        source="test",
+        peak_flops_per_s={"fp32": 1e12},
+        mem_bw_bytes_per_s=1e10,
+        mem_bytes=1 << 34,
+        launch_overhead_s=1e-6,
+        cores=2,
+        threads=2,
+        l1d_bytes=32768,
+        l2_bytes=1 << 20,
+        l3_bytes=0,
+        simd_width_bits=256,
+    )
+    lay = analyze(g, ["add", "gelu"])
+    cost = estimate(g, ["add", "gelu"], target, lay)
+    n, c = w.args[0].shape
+    # reads x [n, c] and b [c], writes gelu [n, c], 4 bytes each; no buffers
+    assert cost.dram_bytes == 4 * (2 * n * c + c)
+    assert cost.memory_s == pytest.approx(cost.dram_bytes / 1e10)
+    # add: 1 node, gelu: 8 (transcendental), per element
+    assert cost.flops == 9 * n * c
+    assert cost.total_s == pytest.approx(max(cost.memory_s, cost.compute_s) + 1e-6)
+    assert tensor_bytes(g, "gelu") == 4 * n * c
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_planned_workload_matches_eager(name, target):
+    w = load_workload(name, small=True)
+    stitched = Stitched(w.module, target)
+    cap, planned = stitched.prepare(*w.args)
+    p = planned.plan
+    assert p.objective_s <= p.greedy_s + 1e-12
+    assert p.objective_s <= p.unfused_s + 1e-12
+    assert p.bound_s <= p.objective_s + 1e-12
+    with torch.no_grad():
+        out, ref = stitched(*w.args), w.module(*w.args)
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    for a, b in zip(outs, refs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # fp32, reassociated sums
+    values = {**cap.values(*w.args)}
+    env = dict(values)
+    for group, kernel in zip(p.groups, planned.kernels, strict=True):
+        got = kernel(env)
+        want = reference_group(p.graph, group.ops, env)
+        for k, v in want.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4)
+        env.update(got)
+
+
+def test_unfusable_ops_run_alone(target):
+    _, cap = _graph("attention_core")
+    p = plan(cap.graph, target)
+    alone = [g for g in p.groups if g.layout is None]
+    assert {o for g in alone for o in g.ops} == {"bmm", "bmm_1"}
+    assert all(g.reason for g in alone)
+
+
+def test_time_limit_returns_a_plan_with_a_warning(target, caplog):
+    _, cap = _graph("bert")
+    with caplog.at_level(logging.WARNING):
+        p = plan(cap.graph, target, time_limit_s=1e-9)
+    assert p.timed_out
+    assert "time limit" in caplog.text
+    assert p.objective_s == pytest.approx(p.greedy_s)
+    assert cap.graph.find_quotient_cycle([g.ops for g in p.groups]) is None
+
+
+def test_greedy_method(target):
+    _, cap = _graph("layernorm_bwd")
+    p = plan(cap.graph, target, method="greedy")
+    assert p.method == "greedy"
+    with pytest.raises(ValueError, match="method"):
+        plan(cap.graph, target, method="nope")
+
+
+def test_shape_change_replans_or_raises(target):
+    w = load_workload("masked_softmax", small=True)
+    stitched = Stitched(w.module, target)
+    s, mask = w.args
+    s2, mask2 = torch.randn(1, 2, 8, 8), torch.zeros(1, 1, 1, 8)
+    torch.testing.assert_close(stitched(s2, mask2), w.module(s2, mask2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stitched(s, mask), w.module(s, mask), rtol=1e-4, atol=1e-5)
+    assert len(stitched.compiled) == 2
+    cap, planned = stitched.prepare(s, mask)
+    assert isinstance(planned, PlannedGraph)
+    with pytest.raises(ValueError, match="plan again"):
+        planned.run(cap.values(s2, mask2))
