@@ -1,4 +1,4 @@
-"""Mixture-of-Experts experts, side by side on the CPU: HF Mixtral's loop, torch._grouped_mm, fusekit.
+"""MoE experts side by side on the CPU: HF Mixtral's loop, torch._grouped_mm and fusekit.
 
 Problems: Mixtral-shaped experts scaled to a laptop (8 experts top-2, hidden 1024, ffn 3584) and
 fine-grained experts (64 experts top-6, hidden 1024, ffn 512), fp32, routed by
@@ -13,8 +13,10 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
   ``torch._grouped_mm`` (down), scale, ``index_add_``;
 * ``fusekit``: ``fusekit.nn.MoE.experts`` with the gms selector (plans built per call: routing
   changes every call), and each named gms dataflow;
-* ``floor``: the two expert GEMMs alone (``torch.mm`` per expert) on inputs gathered and made
-  contiguous beforehand (no routing, gather, activation or scatter).
+* ``floor``: the two expert GEMMs alone on inputs gathered and made contiguous beforehand (no
+  routing, gather, activation or scatter), once with ``torch.mm`` per expert (``floor torch.mm``)
+  and once with the GEMM fusekit runs (``floor segment_mm``: gms's segment GEMM, whose segments
+  of at most 32 rows use the weight-streaming kernel); ``over_floor`` is over the faster.
 
 Roofline: with few tokens the expert weights must stream from DRAM once (bytes = active experts x
 3 x hidden x ffn x 4), bound = bytes / the measured streaming bandwidth; with many tokens the
@@ -50,13 +52,11 @@ TOKENS = (1, 4, 16, 64, 256, 1024)
 
 
 def hf_experts(num_experts: int, hidden: int, ffn: int) -> torch.nn.Module:
-    """transformers' ``MixtralExperts`` (the real module) with random weights."""
+    """The real ``MixtralExperts`` module of transformers, with random weights."""
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
-    cfg = MixtralConfig(
-        hidden_size=hidden, intermediate_size=ffn, num_local_experts=num_experts
-    )
+    cfg = MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=num_experts)
     experts = MixtralExperts(cfg)
     with torch.no_grad():
         experts.gate_up_proj.normal_(0, hidden**-0.5)
@@ -81,25 +81,31 @@ def grouped(
 
 
 def floor_call(
-    x: torch.Tensor, idx: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor
+    x: torch.Tensor, idx: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor, fused: bool
 ) -> Callable[[], object]:
-    """The two GEMMs per expert on pre-gathered contiguous inputs."""
+    """The two GEMMs per expert on pre-gathered contiguous inputs (torch.mm or segment_mm)."""
+    from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+
     flat = idx.reshape(-1)
-    ffn = dn.shape[1]
-    xs, acts, experts = [], [], []
-    for e in range(gu.shape[0]):
-        tokens = torch.nonzero(flat == e).flatten() // idx.shape[1]
-        if tokens.numel():
-            xs.append(x[tokens].contiguous())
-            acts.append(torch.randn(tokens.numel(), ffn))
-            experts.append(e)
-    outs = [torch.empty(a.shape[0], 2 * ffn) for a in xs]
-    downs = [torch.empty(a.shape[0], dn.shape[2]) for a in xs]
+    order = torch.argsort(flat, stable=True)
+    ptr = torch.zeros(gu.shape[0] + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.bincount(flat, minlength=gu.shape[0]), 0)
+    xs = x[order // idx.shape[1]].contiguous()
+    acts = torch.randn(xs.shape[0], dn.shape[1])
+    h = torch.empty(xs.shape[0], gu.shape[2])
+    z = torch.empty(xs.shape[0], dn.shape[2])
+    bounds = ptr.tolist()
 
     def call() -> None:
-        for i, e in enumerate(experts):
-            torch.mm(xs[i], gu[e], out=outs[i])
-            torch.mm(acts[i], dn[e], out=downs[i])
+        if fused:
+            segment_mm(xs, gu, ptr, out=h)
+            segment_mm(acts, dn, ptr, out=z)
+            return
+        for e in range(gu.shape[0]):
+            lo, hi = bounds[e], bounds[e + 1]
+            if hi > lo:
+                torch.mm(xs[lo:hi], gu[e], out=h[lo:hi])
+                torch.mm(acts[lo:hi], dn[e], out=z[lo:hi])
 
     return call
 
@@ -147,11 +153,12 @@ def run_shape(
         named = MoE(hidden, ffn, num_experts, top_k, strategy=strategy)
         named.load_state_dict(moe.state_dict())
         impls[f"fusekit {strategy}"] = lambda m=named: m.experts(x, idx, wts)
-    impls["floor"] = floor_call(x, idx, gu, dn)
+    impls["floor torch.mm"] = floor_call(x, idx, gu, dn, fused=False)
+    impls["floor segment_mm"] = floor_call(x, idx, gu, dn, fused=True)
     with torch.no_grad():
         expected = hf(x, idx, wts)
         for name, fn in impls.items():
-            if name != "floor":
+            if not name.startswith("floor"):
                 got = fn()
                 err = float((got - expected).abs().max() / expected.abs().max())
                 if err > 1e-4:
@@ -163,6 +170,7 @@ def run_shape(
     flops = 2 * pairs * 3 * hidden * ffn
     bound_s = max(weight_bytes / target.mem_bw_bytes_per_s, flops / target.peak_flops_per_s["fp32"])
     peers = min(times["hf loop"], times["grouped_mm"])
+    floor = min(times["floor torch.mm"], times["floor segment_mm"])
     rows = []
     for name, median in times.items():
         rows.append(
@@ -173,10 +181,12 @@ def run_shape(
                 "impl": name,
                 "median_s": median,
                 "speedup_over_best_peer": peers / median,
-                "over_floor": median / times["floor"],
+                "over_floor": median / floor,
                 "fraction_of_roofline": bound_s / median,
-                "bound": "bandwidth" if weight_bytes / target.mem_bw_bytes_per_s
-                > flops / target.peak_flops_per_s["fp32"] else "compute",
+                "bound": "bandwidth"
+                if weight_bytes / target.mem_bw_bytes_per_s
+                > flops / target.peak_flops_per_s["fp32"]
+                else "compute",
                 "active_experts": active,
                 "selected": "expert segments (G-Mseg-S)" if name == "fusekit" else None,
             }
@@ -193,7 +203,7 @@ def plot(records: list[dict[str, object]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(SHAPES), figsize=(11, 4), sharey=True)
     for ax, shape in zip(axes, SHAPES, strict=True):
-        for impl in ("hf loop", "grouped_mm", "fusekit", "floor"):
+        for impl in ("hf loop", "grouped_mm", "fusekit", "floor torch.mm", "floor segment_mm"):
             pts = [r for r in records if r["shape"] == shape and r["impl"] == impl]
             ax.plot(
                 [r["tokens"] for r in pts],

@@ -211,7 +211,9 @@ class ExpertSegments:
         flat = experts.reshape(-1).long()
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
             raise ValueError(
-                expected("MoE", "experts", f"in [0, {num_experts})", f"[{flat.min()}, {flat.max()}]")
+                expected(
+                    "MoE", "experts", f"in [0, {num_experts})", f"[{flat.min()}, {flat.max()}]"
+                )
             )
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=num_experts)
@@ -352,4 +354,3 @@ def swap_mixtral_moe(model: nn.Module, strategy: str = "auto") -> int:
         else:
             swapped += swap_mixtral_moe(child, strategy)
     return swapped
-

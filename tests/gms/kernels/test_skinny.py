@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, skinny_mm
+from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, SKINNY_ROWS])
@@ -16,7 +16,7 @@ def test_skinny_equals_mm(rows, k, m, dtype):
     torch.manual_seed(rows * 100 + k)
     a, w = torch.randn(rows, k, dtype=dtype), torch.randn(k, m, dtype=dtype)
     out = torch.empty(rows, m, dtype=dtype)
-    skinny_mm(a, w, out)
+    segment_skinny_mm(a, w[None], torch.tensor([0, rows]), [0], out)
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(out, a @ w, rtol=tol, atol=tol)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
-from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, skinny_mm
+from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +72,7 @@ def segment_mm(
         segment_ptr: ``[S + 1]`` where each segment's rows start.
         out: ``[E, M]`` contiguous tensor to write into (one ``torch.mm`` per segment, since
             ``torch._grouped_mm`` has no ``out``; segments of at most ``SKINNY_ROWS`` rows use
-            :func:`~fusekit.gms.kernels.cpu.skinny.skinny_mm`, which streams ``w`` faster);
+            :func:`~fusekit.gms.kernels.cpu.skinny.segment_skinny_mm`, which streams ``w`` faster);
             new if None.
 
     Returns:
@@ -91,14 +91,21 @@ def segment_mm(
         out = rows.new_empty(rows.shape[0], w.shape[2])
     check_out(out, (rows.shape[0], w.shape[2]), rows.dtype)
     bounds = segment_ptr.tolist()
-    skinny = rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64)
+    skinny = (
+        rows.device.type == "cpu"
+        and rows.dtype in (torch.float32, torch.float64)
+        and rows.is_contiguous()
+        and w.is_contiguous()
+        and out.is_contiguous()
+    )
+    small = []
     for s in range(n_segments):
         lo, hi = bounds[s], bounds[s + 1]
-        if skinny and 0 < hi - lo <= SKINNY_ROWS and w[s].is_contiguous():
-            skinny_mm(rows[lo:hi], w[s], out[lo:hi])
+        if skinny and 0 < hi - lo <= SKINNY_ROWS:
+            small.append(s)
         elif hi > lo:
             torch.mm(rows[lo:hi], w[s], out=out[lo:hi])
-    return out
+    return segment_skinny_mm(rows, w, segment_ptr, small, out)
 
 
 def segment_outer_mm(
