@@ -72,7 +72,9 @@ def test_featureless_equals_pyg(graph, kw):
     for u, v in zip(ga, gb, strict=True):
         _close(u, v, rel=1e-4)
     idx = torch.randperm(graph.num_nodes)
-    _close(ref(idx, graph.edge_index, graph.edge_type), ours(idx, graph.edge_index, graph.edge_type))
+    _close(
+        ref(idx, graph.edge_index, graph.edge_type), ours(idx, graph.edge_index, graph.edge_type)
+    )
 
 
 def test_bipartite_pair_of_features():
