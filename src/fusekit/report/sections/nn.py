@@ -1,0 +1,153 @@
+"""Tour section of ``fusekit.nn``: the drop-in layers against the peers users run today.
+
+A short version of ``benchmarks/rgcn.py`` and ``benchmarks/moe.py`` (and of
+``benchmarks/spconv.py`` when the sparse-convolution layers are present): each layer checked
+equal to its peer, then timed side by side in this process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fusekit.report.document import Section, Table, Text
+from fusekit.report.records import bar_chart
+from fusekit.report.tour import TourOptions
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
+    import torch
+
+    from fusekit.data import entities
+    from fusekit.nn import RGCNConv
+
+    g = entities("aifb")
+    torch.manual_seed(0)
+    x = torch.randn(g.num_nodes, 16)
+    ours = RGCNConv(16, 16, g.num_relations)
+    impls: dict[str, Callable[[], torch.Tensor]] = {
+        "fusekit RGCNConv": lambda: ours(x, g.edge_index, g.edge_type)
+    }
+    try:
+        from torch_geometric.nn import RGCNConv as PygRGCNConv
+    except ImportError:
+        pyg = None
+    else:
+        pyg = PygRGCNConv(16, 16, g.num_relations)
+        pyg.load_state_dict(ours.state_dict())
+        impls["pyg RGCNConv"] = lambda: pyg(x, g.edge_index, g.edge_type)
+    rows = []
+    with torch.no_grad():
+        expected = impls["pyg RGCNConv"]() if pyg is not None else None
+        for name, fn in impls.items():
+            err = float((fn() - expected).abs().max()) if expected is not None else None
+            t = _median_s(fn, repeats if name.startswith("fusekit") else max(1, repeats // 4))
+            rows.append({"layer": "RGCN (AIFB, K=M=16)", "impl": name, "median_s": t, "err": err})
+    return rows
+
+
+def _moe_rows(repeats: int) -> list[dict[str, Any]]:
+    import torch
+
+    from fusekit.data.tokens import moe_batch
+    from fusekit.nn import MoE
+
+    hidden, ffn, experts, top_k = 512, 1024, 8, 2
+    rows = []
+    for tokens in (1, 256):
+        batch = moe_batch(tokens, hidden, experts, top_k, skew=1.0, seed=tokens)
+        weights, chosen = batch.route()
+        moe = MoE(hidden, ffn, experts, top_k)
+        impls: dict[str, Callable[[], torch.Tensor]] = {
+            "fusekit MoE": lambda m=moe, w=weights, c=chosen, x=batch.x: m.experts(x, c, w)
+        }
+        try:
+            from transformers import MixtralConfig
+            from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+        except ImportError:
+            pass
+        else:
+            hf = MixtralExperts(
+                MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=experts)
+            )
+            with torch.no_grad():
+                hf.gate_up_proj.copy_(moe.w_gate_up.transpose(1, 2))
+                hf.down_proj.copy_(moe.w_down.transpose(1, 2))
+            impls["HF Mixtral experts loop"] = lambda h=hf, w=weights, c=chosen, x=batch.x: h(
+                x, c, w
+            )
+        with torch.no_grad():
+            expected = impls.get("HF Mixtral experts loop", impls["fusekit MoE"])()
+            for name, fn in impls.items():
+                err = float((fn() - expected).abs().max())
+                t = _median_s(fn, repeats)
+                rows.append(
+                    {
+                        "layer": f"MoE 8x2 h{hidden} f{ffn}, {tokens} tokens",
+                        "impl": name,
+                        "median_s": t,
+                        "err": err,
+                    }
+                )
+    return rows
+
+
+def build(options: TourOptions) -> Section:
+    """The nn section: RGCN and MoE layers side by side with PyG and HF Mixtral."""
+    repeats = 3 if options.quick else 9
+    records = _rgcn_rows(repeats) + _moe_rows(repeats)
+    peers = {r["layer"]: r["median_s"] for r in records if not str(r["impl"]).startswith("fusekit")}
+    for r in records:
+        r["speedup_over_peer"] = peers[r["layer"]] / r["median_s"] if r["layer"] in peers else None
+    table = Table(
+        "Median time per layer and implementation (forward, fp32, this machine)",
+        ("layer", "implementation", "median ms", "speedup over the peer", "max |diff| vs peer"),
+        tuple(
+            (
+                r["layer"],
+                r["impl"],
+                round(1e3 * r["median_s"], 3),
+                round(r["speedup_over_peer"], 2) if r["speedup_over_peer"] else "",
+                f"{r['err']:.1e}" if r["err"] is not None else "",
+            )
+            for r in records
+        ),
+        note=(
+            "Peers: torch_geometric's RGCNConv (its relation loop; no pyg-lib), and the expert "
+            "loop of transformers' MixtralExperts on the same routing. Timings on a shared "
+            "machine are noisy; benchmarks/rgcn.py and benchmarks/moe.py give the full runs."
+        ),
+    )
+    fused = [r for r in records if str(r["impl"]).startswith("fusekit") and r["speedup_over_peer"]]
+    blocks: tuple[Any, ...] = (
+        Text(
+            "fusekit.nn.RGCNConv takes PyG's parameters (a PyG state_dict loads as it is) and "
+            "runs the whole relation sum as one g-mm-s chosen by the gms selector; fusekit.nn.MoE "
+            "runs Mixtral's router and SwiGLU experts over expert segments (swap_mixtral_moe "
+            "replaces the blocks of an HF Mixtral model with equal outputs)."
+        ),
+        table,
+    )
+    if fused:
+        blocks += (bar_chart("Speedup over the peer", fused, x="layer", y="speedup_over_peer"),)
+    return Section(
+        title="nn: RGCN, sparse convolution and MoE layers",
+        summary=(
+            "Drop-in PyTorch layers on the gms engine, equal to PyG's RGCNConv, spconv's "
+            "sparse convolutions and HF Mixtral's sparse MoE block."
+        ),
+        blocks=blocks,
+        records=tuple(records),
+    )
