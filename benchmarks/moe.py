@@ -227,6 +227,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per impl and problem")
     parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 256; 3 repeats")
+    parser.add_argument("--tokens", type=str, default=None, help="comma-separated token counts")
+    parser.add_argument("--shapes", type=str, default=None, help="comma-separated shape names")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "moe_cpu.json"
     )
@@ -235,9 +237,12 @@ def main() -> None:
     if not isinstance(target, CPUTarget):
         raise SystemExit("moe.py measures the CPU; detect() gave no CPU target")
     tokens = (1, 64, 256) if args.quick else TOKENS
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
     repeats = 3 if args.quick else args.repeats
     records: list[dict[str, object]] = []
-    for shape in SHAPES:
+    for shape in shapes:
         for t in tokens:
             rows = run_shape(shape, t, target, repeats, args.budget)
             records += rows

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 #: Most rows a segment may have for :func:`segment_skinny_mm` (ATen's ``mm`` is as fast beyond).
-SKINNY_ROWS = 32
+SKINNY_ROWS = 16
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
