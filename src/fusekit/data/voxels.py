@@ -195,9 +195,7 @@ def _cast(scene: np.ndarray, azimuths: int, seed: int, noise_m: float) -> np.nda
     phase = rng.uniform(0, 1)
     azim = (np.arange(azimuths) + phase) * (2 * np.pi / azimuths)
     u = np.stack(
-        np.broadcast_arrays(
-            np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim), np.sin(elev)
-        ),
+        np.broadcast_arrays(np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim), np.sin(elev)),
         axis=-1,
     )
     origin = np.array([0.0, 0.0, SENSOR_HEIGHT_M])

@@ -1,0 +1,743 @@
+r"""Kernel maps of 3-D sparse convolution: which input voxel feeds which output voxel, per offset.
+
+For a kernel of size 3, stride ``s`` and padding ``p`` (per axis), output voxel ``o`` reads input
+voxel ``i`` through kernel offset ``k = (kz, ky, kx)`` when
+
+.. math::
+
+    c_i = s \, c_o - p + k \qquad (k \in \{0, 1, 2\}^3,\ \text{index } 9 k_z + 3 k_y + k_x)
+
+in the same batch, which is spconv's convention (``weight[:, kz, ky, kx, :]`` is offset
+``9 kz + 3 ky + kx``). Submanifold maps have outputs on the inputs, ``s = 1`` and ``p = 1``.
+A strided map's outputs are every ``o`` inside the output shape
+``floor((S + 2p - 3) / s) + 1`` that some input reaches, sorted by ``(b, z, y, x)``.
+
+The map is a :class:`fusekit.gms.GMSProblem`: gather ``g = i``, segment ``s = k``, scatter
+``d = o``, pairs sorted by (segment, output row), the order the gms plan wants.
+
+Two builders, with equal results (tests compare both with spconv's own indice pairs):
+
+* CPU, :func:`build` on CPU tensors: a numba hash table, open addressing (linear probing) on the
+  linearised key ``((b Z + z) Y + y) X + x``; inserted serially, probed in parallel over output
+  voxels for the 27 offsets; the hits are compacted per offset in two parallel passes (count per
+  chunk of outputs, then write at prefix-summed positions).
+* :func:`build_reference` (plain torch, any device, also the GPU path of :func:`build`): the
+  input keys sorted once, each probe found with ``torch.searchsorted``. There is no GPU hash
+  table: the GPU path is this sort + binary search, run on the device.
+
+:func:`plan_kernel_map` turns a map into its :class:`fusekit.gms.GMSPlan` in O(E) numba passes:
+the pairs already come in plan order, and every (offset, input) and (offset, output) pair is
+distinct, so the sorts of :func:`fusekit.gms.plan` (its reference, compared in the tests) become
+counting passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numba
+import numpy as np
+
+from fusekit.errors import expected
+
+if TYPE_CHECKING:
+    import torch
+
+    from fusekit.gms import GMSPlan, GMSProblem
+    from fusekit.gms.features import Features
+
+KERNEL_VOLUME = 27
+_EMPTY = -1
+_CHUNK = 1024  # output voxels per compaction chunk
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KernelMap:
+    """The pairs of a convolution, sorted by (offset, output row).
+
+    Attributes:
+        gather: ``[E]`` int64 input rows.
+        segment: ``[E]`` int64 kernel offsets ``9 kz + 3 ky + kx``.
+        scatter: ``[E]`` int64 output rows.
+        offset_ptr: ``[28]`` int64 where each offset's pairs start.
+        n_in: input voxels.
+        out_coords: ``[N_out, 4]`` int32 output voxels ``(b, z, y, x)`` (the inputs for SubM).
+        out_shape: output spatial shape ``(Z, Y, X)``.
+    """
+
+    gather: torch.Tensor
+    segment: torch.Tensor
+    scatter: torch.Tensor
+    offset_ptr: torch.Tensor
+    n_in: int
+    out_coords: torch.Tensor
+    out_shape: tuple[int, int, int]
+
+    @property
+    def num_pairs(self) -> int:
+        """``E``."""
+        return int(self.gather.shape[0])
+
+    @property
+    def n_out(self) -> int:
+        """Output voxels."""
+        return int(self.out_coords.shape[0])
+
+    def problem(self) -> GMSProblem:
+        """The validated g-mm-s problem of the map (27 segments, sum)."""
+        from fusekit.gms import GMSProblem
+
+        return GMSProblem.create(
+            self.gather,
+            self.segment,
+            self.scatter,
+            self.n_out,
+            n_in=self.n_in,
+            num_segments=KERNEL_VOLUME,
+        )
+
+
+def output_shape(
+    shape: tuple[int, int, int], stride: tuple[int, int, int], padding: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """``floor((S + 2p - 3) / s) + 1`` per axis (kernel 3, dilation 1), as spconv's."""
+    return tuple((n + 2 * p - 3) // s + 1 for n, s, p in zip(shape, stride, padding, strict=True))  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: numba hash table
+# ---------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def _slot(row, x, bits):  # type: ignore[no-untyped-def]
+    """Slot of voxel ``x`` of row ``(b Z + z) Y + y``: 4 x-neighbours share a 4-slot group.
+
+    The group ``(row, x // 4)`` is placed by Fibonacci hashing, ``x % 4`` within it: the three
+    x-offsets of a probe mostly fall in one 64-byte line, while groups spread at random (long
+    runs of consecutive slots would make linear probing slow).
+    """
+    group = np.uint64(row * 0x10000 + (x >> 2)) * np.uint64(0x9E3779B97F4A7C15)
+    return np.int64(group >> np.uint64(66 - bits)) * 4 + (x & 3)
+
+
+@numba.njit(cache=True)
+def _insert(coords, shape, table, bits):  # type: ignore[no-untyped-def]
+    """Insert voxel ``i`` with key ``row X + x``; return the first repeated ``i``, else -1.
+
+    ``table`` is ``[2^bits, 2]`` (key, value) rows, ``-1`` where empty; linear probing.
+    """
+    mask = (1 << bits) - 1
+    for i in range(coords.shape[0]):
+        row = (coords[i, 0] * shape[0] + coords[i, 1]) * shape[1] + coords[i, 2]
+        key = row * shape[2] + coords[i, 3]
+        h = _slot(row, coords[i, 3], bits)
+        while True:
+            found = table[h, 0]
+            if found == _EMPTY:
+                table[h, 0] = key
+                table[h, 1] = i
+                break
+            if found == key:
+                return i
+            h = (h + 1) & mask
+    return -1
+
+
+@numba.njit(cache=True, inline="always")
+def _lookup(row, x, row_length, table, bits):  # type: ignore[no-untyped-def]
+    mask = (1 << bits) - 1
+    key = row * row_length + x
+    h = _slot(row, x, bits)
+    while True:
+        found = table[h, 0]
+        if found == key:
+            return table[h, 1]
+        if found == _EMPTY:
+            return -1
+        h = (h + 1) & mask
+
+
+@numba.njit(parallel=True, cache=True)
+def _probe(  # type: ignore[no-untyped-def]
+    # out_coords [N_out, 4] int64; table [2^bits, 2] of the inputs; nbr [N_out, 27] int32
+    out_coords,
+    table,
+    bits,
+    nbr,
+    # sizes: input shape (Z, Y, X), stride, padding
+    shape,
+    stride,
+    padding,
+    # SUBM: outputs are the inputs; probe offsets k < 13 only and mirror them
+    subm,
+):
+    """``nbr[o, k]`` = input row at ``s c_o - p + k``, or -1.
+
+    Submanifold maps are symmetric: ``i`` feeds ``o`` through ``k`` exactly when ``o`` feeds
+    ``i`` through ``26 - k``, so only the 13 offsets before the centre are probed; each hit also
+    fills its mirror ``nbr[i, 26 - k] = o`` (a cell no other pair writes), and the centre is
+    ``nbr[o, 13] = o``.
+    """
+    n_out = out_coords.shape[0]
+    probes = 13 if subm else KERNEL_VOLUME
+    for o in numba.prange(n_out):
+        b = out_coords[o, 0]
+        z0 = out_coords[o, 1] * stride[0] - padding[0]
+        y0 = out_coords[o, 2] * stride[1] - padding[1]
+        x0 = out_coords[o, 3] * stride[2] - padding[2]
+        for k in range(probes):
+            z, y, x = z0 + k // 9, y0 + (k // 3) % 3, x0 + k % 3
+            hit = -1
+            if 0 <= z < shape[0] and 0 <= y < shape[1] and 0 <= x < shape[2]:
+                row = (b * shape[0] + z) * shape[1] + y
+                hit = _lookup(row, x, shape[2], table, bits)
+            nbr[o, k] = hit
+            if subm and hit >= 0:
+                nbr[hit, KERNEL_VOLUME - 1 - k] = o
+        if subm:
+            nbr[o, 13] = o
+
+
+@numba.njit(parallel=True, cache=True)
+def _count(nbr, counts):  # type: ignore[no-untyped-def]
+    """``counts[c, k]``: hits of offset ``k`` among the outputs of chunk ``c``."""
+    n_out = nbr.shape[0]
+    for c in numba.prange(counts.shape[0]):
+        for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            for k in range(KERNEL_VOLUME):
+                if nbr[o, k] >= 0:
+                    counts[c, k] += 1
+
+
+@numba.njit(parallel=True, cache=True)
+def _compact(nbr, start, gather, segment, scatter):  # type: ignore[no-untyped-def]
+    """Write the hits of each chunk at ``start[c, k]``: offset-major, output rows ascending."""
+    n_out = nbr.shape[0]
+    for c in numba.prange(start.shape[0]):
+        at = start[c].copy()
+        for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            for k in range(KERNEL_VOLUME):
+                i = nbr[o, k]
+                if i >= 0:
+                    gather[at[k]] = i
+                    segment[at[k]] = k
+                    scatter[at[k]] = o
+                    at[k] += 1
+
+
+@numba.njit(cache=True)
+def _strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore[no-untyped-def]
+    """Sorted distinct linear keys (in ``out_shape``) of the outputs the inputs reach."""
+    n = coords.shape[0]
+    bits = 4
+    while (1 << bits) < 16 * n:
+        bits += 1
+    table_keys = np.full(1 << bits, _EMPTY, np.int64)
+    found = np.empty(8 * n + 1, np.int64)
+    count = 0
+    mask = (1 << bits) - 1
+    for i in range(n):
+        b = coords[i, 0]
+        for k in range(KERNEL_VOLUME):
+            q0 = coords[i, 1] + padding[0] - k // 9
+            q1 = coords[i, 2] + padding[1] - (k // 3) % 3
+            q2 = coords[i, 3] + padding[2] - k % 3
+            if q0 < 0 or q1 < 0 or q2 < 0:
+                continue
+            if q0 % stride[0] or q1 % stride[1] or q2 % stride[2]:
+                continue
+            z, y, x = q0 // stride[0], q1 // stride[1], q2 // stride[2]
+            if z >= out_shape[0] or y >= out_shape[1] or x >= out_shape[2]:
+                continue
+            row = (b * out_shape[0] + z) * out_shape[1] + y
+            key = row * out_shape[2] + x
+            h = _slot(row, x, bits)
+            while table_keys[h] != _EMPTY and table_keys[h] != key:
+                h = (h + 1) & mask
+            if table_keys[h] == _EMPTY:
+                table_keys[h] = key
+                if count == found.shape[0]:
+                    found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
+                found[count] = key
+                count += 1
+    return np.sort(found[:count])
+
+
+def _table(coords: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.ndarray, int, int]:
+    """An open-addressing table of the voxels (load <= 1/2); the first repeated row, or -1."""
+    bits = max(4, int(2 * max(len(coords), 1) - 1).bit_length())
+    table = np.full((1 << bits, 2), _EMPTY, np.int64)
+    duplicate = _insert(coords, np.array(shape), table, bits)
+    return table, bits, int(duplicate)
+
+
+def _linear(coords: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    z, y, x = shape
+    return ((coords[:, 0] * z + coords[:, 1]) * y + coords[:, 2]) * x + coords[:, 3]
+
+
+def _build_cpu(
+    coords: np.ndarray,
+    shape: tuple[int, int, int],
+    stride: tuple[int, int, int],
+    padding: tuple[int, int, int],
+    subm: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    table, bits, duplicate = _table(coords, shape)
+    if duplicate >= 0:
+        raise ValueError(_duplicate_message(coords, duplicate))
+    out_shape = shape if subm else output_shape(shape, stride, padding)
+    if subm:
+        out_coords = coords
+    else:
+        sizes = (np.array(shape), np.array(out_shape), np.array(stride), np.array(padding))
+        out_coords = _unlinear(_strided_outputs(coords, *sizes), out_shape)
+    n_out = out_coords.shape[0]
+    nbr = np.full((n_out, KERNEL_VOLUME), -1, np.int32)
+    _probe(out_coords, table, bits, nbr, np.array(shape), np.array(stride), np.array(padding), subm)
+    counts = np.zeros(((n_out + _CHUNK - 1) // _CHUNK, KERNEL_VOLUME), np.int64)
+    _count(nbr, counts)
+    offset_ptr = np.concatenate([[0], np.cumsum(counts.sum(0))])
+    # start[c, k] = offset_ptr[k] + hits of offset k in the chunks before c
+    start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
+    e = int(offset_ptr[-1])
+    gather, segment, scatter = (np.empty(e, np.int64) for _ in range(3))
+    _compact(nbr, start, gather, segment, scatter)
+    return gather, segment, scatter, offset_ptr, out_coords
+
+
+def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    z, y, x = shape
+    out = np.empty((len(keys), 4), np.int64)
+    out[:, 3] = keys % x
+    rest = keys // x
+    out[:, 2] = rest % y
+    rest //= y
+    out[:, 1] = rest % z
+    out[:, 0] = rest // z
+    return out
+
+
+def _duplicate_message(coords: np.ndarray | torch.Tensor, row: int) -> str:
+    voxel = tuple(int(v) for v in coords[row])
+    return expected(
+        "kernel map", "indices", "distinct voxels (b, z, y, x)", f"{voxel} repeated at row {row}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the public builders
+# ---------------------------------------------------------------------------------------------
+
+
+def check_indices(
+    indices: torch.Tensor, spatial_shape: tuple[int, int, int], batch_size: int
+) -> None:
+    """Raise unless ``indices`` are ``[N, 4]`` int32/int64 voxels inside the shape and batches.
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: another shape, or a voxel outside ``[0, batch_size) x spatial_shape``.
+    """
+    import torch
+
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(expected("sparse conv", "indices", "a torch.Tensor", type(indices)))
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            expected("sparse conv", "indices", "int32 or int64", str(indices.dtype).split(".")[-1])
+        )
+    if indices.dim() != 2 or indices.shape[1] != 4:
+        raise ValueError(
+            expected("sparse conv", "indices", "[N, 4] (b, z, y, x)", tuple(indices.shape))
+        )
+    if len(spatial_shape) != 3 or any(int(n) < 1 for n in spatial_shape):
+        raise ValueError(
+            expected("sparse conv", "spatial_shape", "3 positive sizes (Z, Y, X)", spatial_shape)
+        )
+    if indices.shape[0] == 0:
+        return
+    bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
+    bad = ((indices < 0) | (indices >= bounds)).any(1)
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            expected(
+                "sparse conv",
+                "indices",
+                f"voxels (b, z, y, x) in [0, {batch_size}) x {tuple(spatial_shape)} "
+                "(batch_size x spatial_shape)",
+                f"{tuple(int(v) for v in indices[row])} at row {row}",
+            )
+        )
+
+
+def build(
+    indices: torch.Tensor,
+    spatial_shape: tuple[int, int, int],
+    batch_size: int,
+    stride: tuple[int, int, int] = (1, 1, 1),
+    padding: tuple[int, int, int] = (1, 1, 1),
+    subm: bool = True,
+) -> KernelMap:
+    """The kernel map of a 3x3x3 convolution (CPU: numba hash; other devices: sort + search).
+
+    Args:
+        indices: ``[N, 4]`` int32/int64 distinct voxels ``(b, z, y, x)``.
+        spatial_shape: ``(Z, Y, X)``.
+        batch_size: batches.
+        stride: per axis (ignored for ``subm``).
+        padding: per axis (ignored for ``subm``: outputs are the inputs).
+        subm: submanifold (outputs on the inputs) or a regular convolution.
+
+    Returns:
+        The :class:`KernelMap`, on the device of ``indices``.
+
+    Raises:
+        TypeError, ValueError: see :func:`check_indices`; duplicate voxels.
+    """
+    import torch
+
+    check_indices(indices, spatial_shape, batch_size)
+    shape = tuple(int(n) for n in spatial_shape)
+    stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))
+    if indices.device.type != "cpu":
+        return build_reference(indices, shape, batch_size, stride, padding, subm)  # type: ignore[arg-type]
+    coords = indices.numpy().astype(np.int64, copy=False)
+    g, s, d, ptr, out = _build_cpu(coords, shape, stride, padding, subm)  # type: ignore[arg-type]
+    out_shape = shape if subm else output_shape(shape, stride, padding)  # type: ignore[arg-type]
+    return KernelMap(
+        gather=torch.from_numpy(g),
+        segment=torch.from_numpy(s),
+        scatter=torch.from_numpy(d),
+        offset_ptr=torch.from_numpy(ptr),
+        n_in=int(indices.shape[0]),
+        out_coords=indices if subm else torch.from_numpy(out).to(torch.int32),
+        out_shape=out_shape,  # type: ignore[arg-type]
+    )
+
+
+def build_reference(
+    indices: torch.Tensor,
+    spatial_shape: tuple[int, int, int],
+    batch_size: int,
+    stride: tuple[int, int, int] = (1, 1, 1),
+    padding: tuple[int, int, int] = (1, 1, 1),
+    subm: bool = True,
+) -> KernelMap:
+    """The same map in plain torch on any device: sorted keys, ``searchsorted`` per offset."""
+    import torch
+
+    check_indices(indices, spatial_shape, batch_size)
+    dev = indices.device
+    shape = torch.tensor(spatial_shape, device=dev)
+    stride_t, pad_t = (
+        (torch.ones(3, dtype=torch.long, device=dev),) * 2
+        if subm
+        else (torch.tensor(stride, device=dev), torch.tensor(padding, device=dev))
+    )
+    c = indices.long()
+
+    def linear(v: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        return ((v[:, 0] * sizes[0] + v[:, 1]) * sizes[1] + v[:, 2]) * sizes[2] + v[:, 3]
+
+    keys, order = torch.sort(linear(c, shape))
+    if keys.numel() > 1 and bool((keys[1:] == keys[:-1]).any()):
+        at = int(torch.nonzero(keys[1:] == keys[:-1])[0, 0])
+        raise ValueError(_duplicate_message(indices, int(max(order[at], order[at + 1]))))
+    offsets = torch.stack(
+        torch.meshgrid(*(torch.arange(3, device=dev),) * 3, indexing="ij"), -1
+    ).reshape(-1, 3)
+    if subm:
+        out_shape = tuple(int(n) for n in spatial_shape)
+        out = c
+    else:
+        out_shape = output_shape(tuple(spatial_shape), tuple(stride), tuple(padding))  # type: ignore[arg-type]
+        sizes_out = torch.tensor(out_shape, device=dev)
+        q = c[:, None, 1:] + pad_t - offsets  # [N, 27, 3]
+        ok = ((q % stride_t) == 0).all(-1) & (q >= 0).all(-1)
+        q = torch.div(q, stride_t, rounding_mode="floor")
+        ok &= (q < sizes_out).all(-1)
+        b = c[:, None, :1].expand(-1, KERNEL_VOLUME, 1)
+        cand = torch.cat([b, q], -1)[ok]
+        out_keys = torch.unique(linear(cand, sizes_out))
+        zyx = []
+        rest = out_keys
+        for n in reversed(out_shape):
+            zyx.append(rest % n)
+            rest = torch.div(rest, n, rounding_mode="floor")
+        out = torch.stack([rest, *reversed(zyx)], 1)
+    gathers, segments, scatters = [], [], []
+    for k in range(KERNEL_VOLUME):
+        src = out[:, 1:] * stride_t - pad_t + offsets[k]
+        inside = ((src >= 0) & (src < shape)).all(1)
+        probe = linear(torch.cat([out[:, :1], src], 1), shape)
+        at = torch.searchsorted(keys, probe).clamp(max=max(len(keys) - 1, 0))
+        hit = inside & (keys[at] == probe) if len(keys) else inside & False
+        gathers.append(order[at[hit]])
+        scatters.append(torch.nonzero(hit).flatten())
+        segments.append(torch.full((int(hit.sum()),), k, device=dev))
+    counts = torch.tensor([len(s) for s in segments], device=dev)
+    return KernelMap(
+        gather=torch.cat(gathers),
+        segment=torch.cat(segments).long(),
+        scatter=torch.cat(scatters),
+        offset_ptr=torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
+        n_in=int(indices.shape[0]),
+        out_coords=indices if subm else out.to(torch.int32),
+        out_shape=out_shape,  # type: ignore[arg-type]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the gms plan of a map, in O(E)
+# ---------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _ptr(counts):  # type: ignore[no-untyped-def]
+    out = np.zeros(counts.shape[0] + 1, np.int64)
+    for i in range(counts.shape[0]):
+        out[i + 1] = out[i] + counts[i]
+    return out
+
+
+@numba.njit(cache=True)
+def _counting_order(keys, n_keys):  # type: ignore[no-untyped-def]
+    """Stable argsort of ``keys`` in ``[0, n_keys)`` and the CSR pointer of each key."""
+    ptr = _ptr(np.bincount(keys, minlength=n_keys))
+    at = ptr[:-1].copy()
+    pos = np.empty(keys.shape[0], np.int64)
+    for p in range(keys.shape[0]):
+        pos[at[keys[p]]] = p
+        at[keys[p]] += 1
+    return ptr, pos
+
+
+@numba.njit(cache=True)
+def _plan_sorted(g, s, d, n_in, n_out, n_segments, tile_rows, blocks, pack):  # type: ignore[no-untyped-def]
+    """The arrays of ``fusekit.gms.plan`` for pairs already in plan order (see ``_plan``).
+
+    Returns ``ok = False`` when the pairs are not sorted by (segment, block, scatter row).
+    """
+    e = g.shape[0]
+    dst_ptr, dst_pos = _counting_order(d, n_out)
+    src_ptr, src_pos = _counting_order(g, n_in)
+    # 1. destination blocks: block of row r = floor(pairs before r * B / E)
+    row_block = np.empty(n_out, np.int64)
+    for r in range(n_out):
+        row_block[r] = min(dst_ptr[r] * blocks // max(e, 1), blocks - 1)
+    # 2. the identity must be the (segment, block, row) order
+    ok = True
+    for p in range(1, e):
+        if s[p - 1] != s[p]:
+            ok &= s[p - 1] < s[p]
+        elif row_block[d[p - 1]] != row_block[d[p]]:
+            ok &= row_block[d[p - 1]] < row_block[d[p]]
+        else:
+            ok &= d[p - 1] <= d[p]
+    segment_ptr = _ptr(np.bincount(s, minlength=n_segments))
+    # 3. tiles of every (segment, block) run, in position order, then stably by block
+    n_tiles = 0
+    p = 0
+    while p < e:
+        q = p + 1
+        while q < e and s[q] == s[p] and row_block[d[q]] == row_block[d[p]]:
+            q += 1
+        n_tiles += (q - p + tile_rows - 1) // tile_rows
+        p = q
+    tile_start = np.empty(n_tiles, np.int64)
+    tile_end = np.empty(n_tiles, np.int64)
+    tile_block = np.empty(n_tiles, np.int64)
+    t = 0
+    p = 0
+    while p < e:
+        q = p + 1
+        while q < e and s[q] == s[p] and row_block[d[q]] == row_block[d[p]]:
+            q += 1
+        for lo in range(p, q, tile_rows):
+            tile_start[t] = lo
+            tile_end[t] = min(lo + tile_rows, q)
+            tile_block[t] = row_block[d[p]]
+            t += 1
+        p = q
+    block_ptr, by_block = _counting_order(tile_block, blocks)
+    tile_start = tile_start[by_block]
+    tile_end = tile_end[by_block]
+    tile_block = tile_block[by_block]
+    tile_segment = np.empty(n_tiles, np.int64)
+    for t in range(n_tiles):
+        tile_segment[t] = s[tile_start[t]]
+    # 4. work items: pad = one tile each; pack = tiles of a block in windows of tile_rows pairs
+    if not pack:
+        item_ptr = np.arange(n_tiles + 1)
+    else:
+        starts = np.empty(n_tiles + 1, np.int64)
+        n_items = 0
+        before = 0
+        last_window = -1
+        for t in range(n_tiles):
+            if t == 0 or tile_block[t] != tile_block[t - 1]:
+                before = 0
+            window = before // tile_rows
+            if t == 0 or tile_block[t] != tile_block[t - 1] or window != last_window:
+                starts[n_items] = t
+                n_items += 1
+            last_window = window
+            before += tile_end[t] - tile_start[t]
+        starts[n_items] = n_tiles
+        item_ptr = starts[: n_items + 1].copy()
+    return (
+        ok,
+        segment_ptr,
+        tile_segment,
+        tile_start,
+        tile_end,
+        block_ptr,
+        item_ptr,
+        dst_ptr,
+        dst_pos,
+        src_ptr,
+        src_pos,
+    )
+
+
+def plan_kernel_map(
+    kmap: KernelMap,
+    tile_rows: int | None = None,
+    blocks: int | None = None,
+    schedule: str = "pad",
+    orders: bool = False,
+) -> GMSPlan:
+    """The :func:`fusekit.gms.plan` of a kernel map, equal field by field, in O(E) passes.
+
+    A map's pairs come sorted by (offset, output row), which is already the plan's order
+    (destination blocks are ranges of output rows), so the sorts become counting passes; and
+    every (offset, input) and (offset, output) is one pair, so the transform-first and
+    aggregate-first orders have ``E`` rows each and keep the pairwise order.
+
+    Args:
+        kmap: a map from :func:`build`.
+        tile_rows: pairs per tile (default ``fusekit.gms.problem.TILE_ROWS``).
+        blocks: destination blocks (default ``default_blocks`` of the device).
+        schedule: ``"pad"`` or ``"pack"``.
+        orders: also plan the transform-first and aggregate-first orders.
+
+    Returns:
+        The packed :class:`fusekit.gms.GMSPlan` (on the CPU; ``.to(device)`` moves it).
+
+    Raises:
+        ValueError: a knob is out of range, or the pairs are not in plan order.
+    """
+    import torch
+
+    from fusekit.gms.problem import (
+        REDUCES,
+        SCHEDULES,
+        TILE_ROWS,
+        GMSPlan,
+        OrderPlan,
+        _pack,
+        default_blocks,
+    )
+
+    tile_rows = TILE_ROWS if tile_rows is None else tile_rows
+    blocks = default_blocks("cpu") if blocks is None else blocks
+    for name, value in (("tile_rows", tile_rows), ("blocks", blocks)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(expected("plan_kernel_map", name, "a positive int", value))
+    if schedule not in SCHEDULES:
+        raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
+    g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
+    e = len(g)
+
+    def one(gather: np.ndarray, segment: np.ndarray, scatter: np.ndarray, n_in: int, n_out: int):
+        ok, *arrays = _plan_sorted(
+            gather,
+            segment,
+            scatter,
+            n_in,
+            n_out,
+            KERNEL_VOLUME,
+            tile_rows,
+            blocks,
+            schedule == "pack",
+        )
+        if not ok:
+            raise ValueError(
+                expected("plan_kernel_map", "kmap", "pairs sorted by (offset, output)", "not")
+            )
+        names = ("segment_ptr", "tile_segment", "tile_start", "tile_end", "block_ptr")
+        names += ("item_ptr", "dst_ptr", "dst_pos", "src_ptr", "src_pos")
+        meta = [0x676D73, len(gather), n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum")]
+        meta += [tile_rows, SCHEDULES.index(schedule)]
+        return GMSPlan(
+            num_pairs=len(gather),
+            n_in=n_in,
+            n_out=n_out,
+            num_segments=KERNEL_VOLUME,
+            reduce="sum",
+            tile_rows=tile_rows,
+            schedule=schedule,
+            meta=torch.tensor(meta, dtype=torch.int64),
+            order=torch.arange(len(gather)),
+            gather=torch.from_numpy(gather),
+            segment=torch.from_numpy(segment),
+            scatter=torch.from_numpy(scatter),
+            norm=torch.empty(0, dtype=torch.float64),
+            **{n: torch.from_numpy(a) for n, a in zip(names, arrays, strict=True)},
+        )
+
+    base = one(g, s, d, kmap.n_in, kmap.n_out)
+    if not orders:
+        return _pack(base)
+    # aggregate-first: every (s, d) is one group, in the same order
+    rows = np.arange(e)
+    aggregate = OrderPlan(index=torch.arange(e + 1), plan=one(rows, s, d, e, kmap.n_out))
+    # transform-first: the distinct (s, g) rows sorted by (s, g); pair p reads row row_of[p]
+    _, by_g = _counting_order(g, kmap.n_in)
+    by_sg = by_g[_counting_order(s[by_g], KERNEL_VOLUME)[1]]
+    row_of = np.empty(e, np.int64)
+    row_of[by_sg] = rows
+    gs = g[by_sg]
+    n_in = int(gs.max()) + 1 if e else 0
+    transform = OrderPlan(index=torch.from_numpy(row_of), plan=one(gs, s[by_sg], rows, n_in, e))
+    return _pack(replace(base, aggregate=aggregate, transform=transform))
+
+
+def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features:
+    """``fusekit.gms.features(plan, k, m, dtype, has_scale=False)`` of a map, without a plan.
+
+    Equal to the planned features (tests compare them): ``V = U = E`` (every (offset, input)
+    and (offset, output) is one pair), per-offset rows are the pairs of each offset.
+    """
+    from fusekit.gms.features import DTYPE_NAMES, Features
+
+    if str(dtype) not in DTYPE_NAMES:
+        raise TypeError(expected("sparse conv", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
+    ptr = kmap.offset_ptr.tolist()
+    per_offset = tuple(b - a for a, b in zip(ptr[:-1], ptr[1:], strict=True))
+    degree = np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
+    sources = np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
+    e = kmap.num_pairs
+    return Features(
+        pairs=e,
+        segments=KERNEL_VOLUME,
+        n_in=kmap.n_in,
+        n_out=kmap.n_out,
+        k=k,
+        m=m,
+        dtype=DTYPE_NAMES[str(dtype)],
+        reduce="sum",
+        has_scale=False,
+        transform_rows=e,
+        aggregate_rows=e,
+        gather_rows=int((sources > 0).sum()),
+        scatter_rows=int((degree > 0).sum()),
+        max_row_pairs=int(degree.max()) if degree.size else 0,
+        segment_pairs=per_offset,
+        transform_segment_rows=per_offset,
+        aggregate_segment_rows=per_offset,
+    )
