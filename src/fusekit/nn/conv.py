@@ -166,6 +166,27 @@ class SparseTensor:
         )
 
 
+def conv_reference(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    kmap: km.KernelMap,
+) -> torch.Tensor:
+    """The layers' maths in plain torch, differentiable (spconv's native CPU algorithm).
+
+    Per offset ``k``: ``y[o] += x[i] @ W_k`` with ``index_select``, ``mm`` and ``index_add``.
+    """
+    out_channels = weight.shape[0]
+    w = weight.reshape(out_channels, 27, -1)
+    y = features.new_zeros(kmap.n_out, out_channels)
+    ptr = kmap.offset_ptr.tolist()
+    for k in range(27):
+        lo, hi = ptr[k], ptr[k + 1]
+        rows = features.index_select(0, kmap.gather[lo:hi])
+        y = y.index_add(0, kmap.scatter[lo:hi], rows @ w[:, k].T)
+    return y + bias if bias is not None else y
+
+
 def _triple(name: str, value: int | tuple[int, ...], low: int) -> tuple[int, int, int]:
     values = (value,) * 3 if isinstance(value, int) else tuple(value)
     if len(values) != 3 or any(not isinstance(v, int) or v < low for v in values):

@@ -33,6 +33,7 @@ counting passes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -718,7 +719,7 @@ def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features
     if str(dtype) not in DTYPE_NAMES:
         raise TypeError(expected("sparse conv", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
     ptr = kmap.offset_ptr.tolist()
-    per_offset = tuple(b - a for a, b in zip(ptr[:-1], ptr[1:], strict=True))
+    per_offset = tuple(b - a for a, b in itertools.pairwise(ptr))
     degree = np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
     sources = np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
     e = kmap.num_pairs
