@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -65,6 +65,8 @@ class KernelMap:
         n_in: input voxels.
         out_coords: ``[N_out, 4]`` int32 output voxels ``(b, z, y, x)`` (the inputs for SubM).
         out_shape: output spatial shape ``(Z, Y, X)``.
+        csr: ``(dst_ptr, dst_pos, src_ptr, src_pos)`` numpy arrays, the plan's CSRs by output
+            and by input row, where the builder had them for free (``None`` entries else).
     """
 
     gather: torch.Tensor
@@ -74,6 +76,7 @@ class KernelMap:
     n_in: int
     out_coords: torch.Tensor
     out_shape: tuple[int, int, int]
+    csr: tuple[Any, Any, Any, Any] = (None, None, None, None)
 
     @property
     def num_pairs(self) -> int:
@@ -119,8 +122,14 @@ def _slot(row, x, bits):  # type: ignore[no-untyped-def]
     x-offsets of a probe mostly fall in one 64-byte line, while groups spread at random (long
     runs of consecutive slots would make linear probing slow).
     """
-    group = np.uint64(row * 0x10000 + (x >> 2)) * np.uint64(0x9E3779B97F4A7C15)
-    return np.int64(group >> np.uint64(66 - bits)) * 4 + (x & 3)
+    group = np.uint64(row * 0x10000 + (x >> 4)) * np.uint64(0x9E3779B97F4A7C15)
+    return np.int64(group >> np.uint64(68 - bits)) * 16 + (x & 15)
+
+
+@numba.njit(cache=True, inline="always")
+def _hash_slot(key, bits):  # type: ignore[no-untyped-def]
+    """Fibonacci hashing: the top ``bits`` bits of ``key * 2^64 / phi`` (1 <= bits < 64)."""
+    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
 
 
 @numba.njit(cache=True)
@@ -201,30 +210,145 @@ def _probe(  # type: ignore[no-untyped-def]
             nbr[o, 13] = o
 
 
+@numba.njit(cache=True)
+def _row_table(rows, bits):  # type: ignore[no-untyped-def]
+    """Open-addressing table ``[2^bits, 2]`` of distinct row ids -> their run index."""
+    table = np.full((1 << bits, 2), _EMPTY, np.int64)
+    mask = (1 << bits) - 1
+    for r in range(rows.shape[0]):
+        h = _hash_slot(rows[r], bits)
+        while table[h, 0] != _EMPTY:
+            h = (h + 1) & mask
+        table[h, 0] = rows[r]
+        table[h, 1] = r
+    return table
+
+
 @numba.njit(parallel=True, cache=True)
-def _count(nbr, counts):  # type: ignore[no-untyped-def]
-    """``counts[c, k]``: hits of offset ``k`` among the outputs of chunk ``c``."""
+def _probe_rows(  # type: ignore[no-untyped-def]
+    # inputs sorted by key, as runs of one row (b, z, y): row id [R], run ptr [R + 1],
+    # x [N] ascending within a run, original row [N]; table: row id -> run
+    in_rows,
+    in_ptr,
+    in_x,
+    in_index,
+    table,
+    bits,
+    # outputs sorted by key, as runs (same layout, in the output shape)
+    out_rows,
+    out_ptr,
+    out_x,
+    out_index,
+    nbr,
+    # sizes: input shape, output shape, stride, padding
+    shape,
+    out_shape,
+    stride,
+    padding,
+):
+    """``nbr[o, k]`` = input row at ``s c_o - p + k``, or -1, by merging sorted rows.
+
+    Per output row (parallel): the 9 input rows of the ``(kz, ky)`` offsets are looked up once
+    in the row table, then each is merged with the output row along x (both ascending), the
+    three ``kx`` found by a short forward scan. Memory is read in order; the only random
+    accesses are 9 row lookups per output row, in a table that fits the cache.
+    """
+    mask = (1 << bits) - 1
+    for r in numba.prange(out_rows.shape[0]):
+        row = out_rows[r]
+        y = row % out_shape[1]
+        z = (row // out_shape[1]) % out_shape[0]
+        b = row // (out_shape[1] * out_shape[0])
+        for kzy in range(9):
+            zi = z * stride[0] - padding[0] + kzy // 3
+            yi = y * stride[1] - padding[1] + kzy % 3
+            if zi < 0 or zi >= shape[0] or yi < 0 or yi >= shape[1]:
+                continue
+            key = (b * shape[0] + zi) * shape[1] + yi
+            h = _hash_slot(key, bits)
+            run = -1
+            while table[h, 0] != _EMPTY:
+                if table[h, 0] == key:
+                    run = table[h, 1]
+                    break
+                h = (h + 1) & mask
+            if run < 0:
+                continue
+            j = in_ptr[run]
+            end = in_ptr[run + 1]
+            for q in range(out_ptr[r], out_ptr[r + 1]):
+                x0 = out_x[q] * stride[2] - padding[2]
+                while j < end and in_x[j] < x0:
+                    j += 1
+                jj = j
+                for kx in range(3):
+                    while jj < end and in_x[jj] < x0 + kx:
+                        jj += 1
+                    if jj < end and in_x[jj] == x0 + kx:
+                        nbr[out_index[q], kzy * 3 + kx] = in_index[jj]
+
+
+def _runs(keys: np.ndarray, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted keys as runs of one row: row ids, run pointer, x."""
+    rows = keys // row_length
+    starts = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+    ptr = np.concatenate([[0], starts, [len(keys)]]).astype(np.int64)
+    if len(keys) == 0:
+        ptr = ptr[:1]
+    return rows[ptr[:-1]], ptr, keys - rows * row_length
+
+
+@numba.njit(parallel=True, cache=True)
+def _count(nbr, counts, degree, mask):  # type: ignore[no-untyped-def]
+    """Hits per (chunk of rows, offset), per output row, and each row's offsets as bits."""
     n_out = nbr.shape[0]
     for c in numba.prange(counts.shape[0]):
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            bits = 0
             for k in range(KERNEL_VOLUME):
                 if nbr[o, k] >= 0:
                     counts[c, k] += 1
+                    bits |= 1 << k
+            mask[o] = bits
+            degree[o] = _popcount(bits)
+
+
+@numba.njit(cache=True, inline="always")
+def _popcount(v):  # type: ignore[no-untyped-def]
+    n = 0
+    while v:
+        v &= v - 1
+        n += 1
+    return n
 
 
 @numba.njit(parallel=True, cache=True)
-def _compact(nbr, start, gather, segment, scatter):  # type: ignore[no-untyped-def]
-    """Write the hits of each chunk at ``start[c, k]``: offset-major, output rows ascending."""
+def _compact(  # type: ignore[no-untyped-def]
+    nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, src_ptr, src_pos, subm
+):
+    """Write the hits of each chunk at ``start[c, k]``: offset-major, output rows ascending.
+
+    Also the CSRs of :func:`fusekit.gms.plan`: by output row (the row's pairs in position order,
+    which is offset order) and, for submanifold maps, by input row: input ``i`` feeds through
+    ``k`` exactly when ``nbr[i, 26 - k] >= 0``, so its pairs in offset order are the set bits of
+    ``mask[i]`` from the top, and pair ``(k, i)`` is the ``popcount(mask[i] >> (27 - k))``-th.
+    """
     n_out = nbr.shape[0]
     for c in numba.prange(start.shape[0]):
         at = start[c].copy()
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            j = dst_ptr[o]
             for k in range(KERNEL_VOLUME):
                 i = nbr[o, k]
                 if i >= 0:
-                    gather[at[k]] = i
-                    segment[at[k]] = k
-                    scatter[at[k]] = o
+                    p = at[k]
+                    gather[p] = i
+                    segment[p] = k
+                    scatter[p] = o
+                    dst_pos[j] = p
+                    j += 1
+                    if subm:
+                        src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
                     at[k] += 1
 
 
@@ -254,7 +378,7 @@ def _strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore
                 continue
             row = (b * out_shape[0] + z) * out_shape[1] + y
             key = row * out_shape[2] + x
-            h = _slot(row, x, bits)
+            h = _hash_slot(key, bits)
             while table_keys[h] != _EMPTY and table_keys[h] != key:
                 h = (h + 1) & mask
             if table_keys[h] == _EMPTY:
@@ -268,7 +392,7 @@ def _strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore
 
 def _table(coords: np.ndarray, shape: tuple[int, int, int]) -> tuple[np.ndarray, int, int]:
     """An open-addressing table of the voxels (load <= 1/2); the first repeated row, or -1."""
-    bits = max(4, int(2 * max(len(coords), 1) - 1).bit_length())
+    bits = max(8, int(2 * max(len(coords), 1) - 1).bit_length())  # >= 8: groups of 16
     table = np.full((1 << bits, 2), _EMPTY, np.int64)
     duplicate = _insert(coords, np.array(shape), table, bits)
     return table, bits, int(duplicate)
@@ -285,28 +409,55 @@ def _build_cpu(
     stride: tuple[int, int, int],
     padding: tuple[int, int, int],
     subm: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    table, bits, duplicate = _table(coords, shape)
-    if duplicate >= 0:
-        raise ValueError(_duplicate_message(coords, duplicate))
+) -> tuple[Any, ...]:
+    keys = _linear(coords, shape)
+    ascending = bool(np.all(keys[1:] > keys[:-1]))
+    order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+    if len(same):
+        raise ValueError(_duplicate_message(coords, int(max(order[same[0]], order[same[0] + 1]))))
     out_shape = shape if subm else output_shape(shape, stride, padding)
     if subm:
-        out_coords = coords
+        out_coords, out_keys, out_order = coords, sorted_keys, order
     else:
         sizes = (np.array(shape), np.array(out_shape), np.array(stride), np.array(padding))
-        out_coords = _unlinear(_strided_outputs(coords, *sizes), out_shape)
+        out_keys = _strided_outputs(coords, *sizes)
+        out_coords, out_order = _unlinear(out_keys, out_shape), np.arange(len(out_keys))
     n_out = out_coords.shape[0]
     nbr = np.full((n_out, KERNEL_VOLUME), -1, np.int32)
-    _probe(out_coords, table, bits, nbr, np.array(shape), np.array(stride), np.array(padding), subm)
+    in_rows, in_ptr, in_x = _runs(sorted_keys, shape[2])
+    bits = max(4, int(2 * max(len(in_rows), 1) - 1).bit_length())
+    table = _row_table(in_rows, bits)
+    out_rows, out_ptr, out_x = _runs(out_keys, out_shape[2])
+    _probe_rows(
+        in_rows,
+        in_ptr,
+        in_x,
+        order,
+        table,
+        bits,
+        out_rows,
+        out_ptr,
+        out_x,
+        out_order,
+        nbr,
+        *(np.array(v) for v in (shape, out_shape, stride, padding)),
+    )
     counts = np.zeros(((n_out + _CHUNK - 1) // _CHUNK, KERNEL_VOLUME), np.int64)
-    _count(nbr, counts)
+    degree = np.empty(n_out, np.int64)
+    mask = np.empty(n_out, np.int64)
+    _count(nbr, counts, degree, mask)
     offset_ptr = np.concatenate([[0], np.cumsum(counts.sum(0))])
     # start[c, k] = offset_ptr[k] + hits of offset k in the chunks before c
     start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
     e = int(offset_ptr[-1])
-    gather, segment, scatter = (np.empty(e, np.int64) for _ in range(3))
-    _compact(nbr, start, gather, segment, scatter)
-    return gather, segment, scatter, offset_ptr, out_coords
+    gather, segment, scatter, dst_pos = (np.empty(e, np.int64) for _ in range(4))
+    dst_ptr = np.concatenate([[0], np.cumsum(degree)])
+    src_pos = np.empty(e if subm else 0, np.int64)
+    _compact(nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, dst_ptr, src_pos, subm)
+    csr = (dst_ptr, dst_pos, dst_ptr, src_pos) if subm else (dst_ptr, dst_pos, None, None)
+    return gather, segment, scatter, offset_ptr, out_coords, csr
 
 
 def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -407,7 +558,7 @@ def build(
     if indices.device.type != "cpu":
         return build_reference(indices, shape, batch_size, stride, padding, subm)  # type: ignore[arg-type]
     coords = indices.numpy().astype(np.int64, copy=False)
-    g, s, d, ptr, out = _build_cpu(coords, shape, stride, padding, subm)  # type: ignore[arg-type]
+    g, s, d, ptr, out, csr = _build_cpu(coords, shape, stride, padding, subm)  # type: ignore[arg-type]
     out_shape = shape if subm else output_shape(shape, stride, padding)  # type: ignore[arg-type]
     return KernelMap(
         gather=torch.from_numpy(g),
@@ -417,6 +568,7 @@ def build(
         n_in=int(indices.shape[0]),
         out_coords=indices if subm else torch.from_numpy(out).to(torch.int32),
         out_shape=out_shape,  # type: ignore[arg-type]
+        csr=csr,
     )
 
 
@@ -518,14 +670,19 @@ def _counting_order(keys, n_keys):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _plan_sorted(g, s, d, n_in, n_out, n_segments, tile_rows, blocks, pack):  # type: ignore[no-untyped-def]
+def _plan_sorted(  # type: ignore[no-untyped-def]
+    g, s, d, n_in, n_out, n_segments, tile_rows, blocks, pack, dst_ptr, dst_pos, src_ptr, src_pos
+):
     """The arrays of ``fusekit.gms.plan`` for pairs already in plan order (see ``_plan``).
 
-    Returns ``ok = False`` when the pairs are not sorted by (segment, block, scatter row).
+    CSRs given empty are computed (counting sorts). Returns ``ok = False`` when the pairs are not
+    sorted by (segment, block, scatter row).
     """
     e = g.shape[0]
-    dst_ptr, dst_pos = _counting_order(d, n_out)
-    src_ptr, src_pos = _counting_order(g, n_in)
+    if dst_ptr.shape[0] == 0:
+        dst_ptr, dst_pos = _counting_order(d, n_out)
+    if src_ptr.shape[0] == 0:
+        src_ptr, src_pos = _counting_order(g, n_in)
     # 1. destination blocks: block of row r = floor(pairs before r * B / E)
     row_block = np.empty(n_out, np.int64)
     for r in range(n_out):
@@ -654,7 +811,16 @@ def plan_kernel_map(
     g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
     e = len(g)
 
-    def one(gather: np.ndarray, segment: np.ndarray, scatter: np.ndarray, n_in: int, n_out: int):
+    none = np.empty(0, np.int64)
+
+    def one(
+        gather: np.ndarray,
+        segment: np.ndarray,
+        scatter: np.ndarray,
+        n_in: int,
+        n_out: int,
+        csr: tuple[Any, ...] = (None,) * 4,
+    ) -> GMSPlan:
         ok, *arrays = _plan_sorted(
             gather,
             segment,
@@ -665,6 +831,7 @@ def plan_kernel_map(
             tile_rows,
             blocks,
             schedule == "pack",
+            *(none if a is None else a for a in csr),
         )
         if not ok:
             raise ValueError(
@@ -691,7 +858,7 @@ def plan_kernel_map(
             **{n: torch.from_numpy(a) for n, a in zip(names, arrays, strict=True)},
         )
 
-    base = one(g, s, d, kmap.n_in, kmap.n_out)
+    base = one(g, s, d, kmap.n_in, kmap.n_out, kmap.csr)
     if not orders:
         return _pack(base)
     # aggregate-first: every (s, d) is one group, in the same order
@@ -720,8 +887,17 @@ def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features
         raise TypeError(expected("sparse conv", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
     ptr = kmap.offset_ptr.tolist()
     per_offset = tuple(b - a for a, b in itertools.pairwise(ptr))
-    degree = np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
-    sources = np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
+    dst_ptr, _, src_ptr, _ = kmap.csr
+    degree = (
+        np.diff(dst_ptr)
+        if dst_ptr is not None
+        else np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
+    )
+    sources = (
+        np.diff(src_ptr)
+        if src_ptr is not None
+        else np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
+    )
     e = kmap.num_pairs
     return Features(
         pairs=e,
