@@ -46,20 +46,22 @@ class ConvMap:
     Attributes:
         kmap: the pairs.
         indices: the input coordinates it was built from.
-        plans: ``(K, M, dtype, device) -> (plan, config)``.
+        plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
     """
 
     kmap: km.KernelMap
     indices: torch.Tensor
-    plans: dict[tuple[int, int, torch.dtype, str], tuple[GMSPlan, Config]] = field(
+    plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
         default_factory=dict
     )
 
-    def plan_for(self, k: int, m: int, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
+    def plan_for(
+        self, k: int, m: int, dtype: torch.dtype, device: torch.device, strategy: str = "auto"
+    ) -> tuple[Any, Any]:
         """The plan and configuration for operands of widths ``k``, ``m`` (cached)."""
-        key = (k, m, dtype, str(device))
+        key = (k, m, dtype, str(device), strategy)
         if key not in self.plans:
-            cfg = choose(self.kmap, k, m, dtype, device)
+            cfg = choose(self.kmap, k, m, dtype, device, strategy)
             from fusekit.gms.candidates import Order
 
             orders = cfg.strategy.order is not Order.PAIRWISE
@@ -68,13 +70,21 @@ class ConvMap:
         return self.plans[key]
 
 
-def choose(kmap: km.KernelMap, k: int, m: int, dtype: torch.dtype, device: torch.device) -> Config:
+def choose(
+    kmap: km.KernelMap,
+    k: int,
+    m: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    strategy: str = "auto",
+) -> Config:
     """The gms selector's configuration for a map (``select(features(plan), detect())``).
 
     A kernel map has one pair per (offset, input) and per (offset, output), so the
     transform-first and aggregate-first orders run as many GEMM rows as the pairwise order plus
     a reduce pass; where the selector answers one of them (its tree extrapolating beyond the
-    problems it was trained on), the same dataflow and knobs run pairwise.
+    problems it was trained on), the same dataflow and knobs run pairwise. A ``strategy`` other
+    than ``"auto"`` (a pairwise gms dataflow) replaces the selected one, keeping its knobs.
     """
     from fusekit.gms.candidates import Order, Strategy
     from fusekit.gms.selector import select
@@ -83,6 +93,8 @@ def choose(kmap: km.KernelMap, k: int, m: int, dtype: torch.dtype, device: torch
     # no GPU detection in fusekit.hw yet: a CUDA device is described by the H100 preset
     target: Any = load("h100") if device.type == "cuda" else detect()
     cfg = select(km.features_of(kmap, k, m, dtype), target).config
+    if strategy != "auto":
+        cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))
     if cfg.strategy.order is not Order.PAIRWISE:
         cfg = dc_replace(cfg, strategy=Strategy(Order.PAIRWISE, cfg.strategy.dataflow))
     return cfg
@@ -209,10 +221,19 @@ class _SparseConv(torch.nn.Module):
         dilation: int | tuple[int, int, int] = 1,
         bias: bool = True,
         indice_key: str | None = None,
+        strategy: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        from fusekit.gms.candidates import Dataflow
+
+        dataflows = [d.value for d in Dataflow]
+        if strategy != "auto" and strategy not in dataflows:
+            raise ValueError(
+                expected(type(self).__name__, "strategy", f"'auto' or one of {dataflows}", strategy)
+            )
+        self.strategy = strategy
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(expected(type(self).__name__, name, "a positive int", value))
@@ -305,7 +326,7 @@ class _SparseConv(torch.nn.Module):
             )
         entry = self._map(x)
         plan, cfg = entry.plan_for(
-            self.in_channels, self.out_channels, x.features.dtype, x.features.device
+            self.in_channels, self.out_channels, x.features.dtype, x.features.device, self.strategy
         )
         # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
         w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
@@ -331,6 +352,9 @@ class SubMConv3d(_SparseConv):
         dilation: 1.
         bias: add a learned bias.
         indice_key: layers with one key share a kernel map on a :class:`SparseTensor`.
+        strategy: ``"auto"`` (the gms selector's choice) or a gms dataflow to run pairwise,
+            e.g. ``"G-Mseg-S"`` (the selector models the forward only; in training the
+            vendor-GEMM gradients of ``G-Mseg-S`` can be faster, see ``benchmarks/spconv.py``).
         device, dtype: of the parameters.
     """
 
