@@ -159,6 +159,21 @@ class SparseTensor:
                 )
             )
 
+    @classmethod
+    def _trusted(
+        cls,
+        features: torch.Tensor,
+        indices: torch.Tensor,
+        spatial_shape: tuple[int, int, int],
+        batch_size: int,
+        maps: dict[str, ConvMap],
+    ) -> SparseTensor:
+        """A layer's output, whose voxels the kernel map already validated (no O(N) checks)."""
+        out = object.__new__(cls)
+        out.features, out.indices, out.spatial_shape = features, indices, spatial_shape
+        out.batch_size, out.maps = batch_size, maps
+        return out
+
     def replace_feature(self, features: torch.Tensor) -> SparseTensor:
         """The same voxels (and cached maps) with other features."""
         return SparseTensor(features, self.indices, self.spatial_shape, self.batch_size, self.maps)
@@ -335,7 +350,7 @@ class _SparseConv(torch.nn.Module):
         if self.bias is not None:
             y = y + self.bias
         kmap = entry.kmap
-        return SparseTensor(y, kmap.out_coords, kmap.out_shape, x.batch_size, x.maps)
+        return SparseTensor._trusted(y, kmap.out_coords, kmap.out_shape, x.batch_size, x.maps)
 
 
 class SubMConv3d(_SparseConv):
