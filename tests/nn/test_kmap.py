@@ -104,6 +104,13 @@ def test_plan_of_map_equals_gms_plan(subm, stride, tile_rows, blocks, schedule):
     _assert_plans_equal(fast.transform.plan, ref.transform.plan)
     _assert_plans_equal(fast.aggregate.plan, ref.aggregate.plan)
     assert km.features_of(m, 8, 16, torch.float32) == features(ref, 8, 16, torch.float32, False)
+    # without orders (the layers' path): written straight into the packed buffer when the map
+    # carries its CSRs (SubM), else through gms's packing
+    bare = km.plan_kernel_map(m, tile_rows, blocks, schedule, orders=False)
+    ref_bare = plan(
+        m.problem(), tile_rows=tile_rows, blocks=blocks, schedule=schedule, orders=False
+    )
+    assert torch.equal(bare.packed, ref_bare.packed)
 
 
 def test_plan_of_map_rejects_unsorted_pairs():

@@ -716,6 +716,8 @@ def plan_kernel_map(
         raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
     g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
     e = len(g)
+    if not orders and all(a is not None for a in kmap.csr):
+        return _packed_plan(kmap, g, s, d, tile_rows, blocks, schedule)
 
     none = np.empty(0, np.int64)
 
@@ -824,3 +826,97 @@ def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features
         transform_segment_rows=per_offset,
         aggregate_segment_rows=per_offset,
     )
+
+
+def _packed_plan(
+    kmap: KernelMap,
+    g: np.ndarray,
+    s: np.ndarray,
+    d: np.ndarray,
+    tile_rows: int,
+    blocks: int,
+    schedule: str,
+) -> GMSPlan:
+    """:func:`plan_kernel_map` without orders, written straight into the packed buffer.
+
+    The tiles come from the runs of (offset, block) alone, found by binary search: block ``b``
+    starts at output row ``r_b`` (rows' blocks are ``floor(pairs before r * B / E)``), so run
+    ``(k, b)`` of offset ``k``'s pairs (output rows ascending) starts at
+    ``searchsorted(d[k's pairs], r_b)``: no pass over the pairs. The pairs and the CSRs are
+    copied once, by torch (in parallel), into the one int64 buffer ``GMSPlan.packed`` holds.
+    """
+    import torch
+
+    from fusekit.gms.problem import _MAGIC, _TENSOR_FIELDS, REDUCES, SCHEDULES, GMSPlan
+
+    e, n_in, n_out = len(g), kmap.n_in, kmap.n_out
+    dst_ptr, dst_pos, src_ptr, src_pos = kmap.csr
+    offset_ptr = kmap.offset_ptr.numpy()
+    # destination blocks and the first row of each
+    row_block = np.minimum(dst_ptr[:-1] * blocks // max(e, 1), blocks - 1)
+    first_row = np.searchsorted(row_block, np.arange(blocks + 1))
+    # run (k, b) = positions [at[k, b], at[k, b + 1]) of offset k's pairs
+    at = np.empty((KERNEL_VOLUME, blocks + 1), np.int64)
+    for k in range(KERNEL_VOLUME):
+        lo, hi = int(offset_ptr[k]), int(offset_ptr[k + 1])
+        at[k] = lo + np.searchsorted(d[lo:hi], first_row)
+        at[k, blocks] = hi
+    run_start = at[:, :-1].T.reshape(-1)  # listed by (block, offset)
+    run_len = at[:, 1:].T.reshape(-1) - run_start
+    per_run = (run_len + tile_rows - 1) // tile_rows
+    run_of_tile = np.repeat(np.arange(len(run_start)), per_run)
+    j = np.arange(len(run_of_tile)) - np.repeat(np.cumsum(per_run) - per_run, per_run)
+    tile_start = run_start[run_of_tile] + j * tile_rows
+    run_end = run_start + run_len
+    tile_end = np.minimum(tile_start + tile_rows, run_end[run_of_tile])
+    tile_segment = run_of_tile % KERNEL_VOLUME
+    tile_block = run_of_tile // KERNEL_VOLUME
+    n_tiles = len(tile_start)
+    block_ptr = np.concatenate([[0], np.cumsum(np.bincount(tile_block, minlength=blocks))])
+    if schedule == "pad":
+        item_ptr = np.arange(n_tiles + 1)
+    else:  # windows of tile_rows pairs within a block (as gms.plan's step 4)
+        rows = tile_end - tile_start
+        before = np.concatenate([[0], np.cumsum(rows)])  # pairs in the tiles before each tile
+        window = (before[:-1] - before[block_ptr[:-1]][tile_block]) // tile_rows
+        change = np.ones(n_tiles, bool)
+        change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
+        item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
+    meta = np.array(
+        [_MAGIC, e, n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum"), tile_rows]
+        + [SCHEDULES.index(schedule)]
+    )
+    parts: dict[str, np.ndarray | int] = {
+        "order": e,  # filled with arange below
+        "gather": g,
+        "segment": s,
+        "scatter": d,
+        "norm": np.empty(0, np.int64),
+        "segment_ptr": offset_ptr,
+        "tile_segment": tile_segment,
+        "tile_start": tile_start,
+        "tile_end": tile_end,
+        "block_ptr": block_ptr,
+        "item_ptr": item_ptr,
+        "dst_ptr": dst_ptr,
+        "dst_pos": dst_pos,
+        "src_ptr": src_ptr,
+        "src_pos": src_pos,
+    }
+    lengths = [8] + [v if isinstance(v, int) else len(v) for v in parts.values()]
+    lengths += [0] * (2 * (2 + len(_TENSOR_FIELDS)))  # no aggregate or transform order
+    head = [_MAGIC, len(lengths), *lengths]
+    buffer = torch.empty(len(head) + sum(lengths), dtype=torch.int64)
+    buffer[: len(head)] = torch.tensor(head)
+    cursor = len(head)
+    buffer[cursor : cursor + 8] = torch.from_numpy(meta)
+    cursor += 8
+    for value in parts.values():
+        n = value if isinstance(value, int) else len(value)
+        view = buffer[cursor : cursor + n]
+        if isinstance(value, int):
+            torch.arange(n, out=view)
+        elif n:
+            view.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64)))
+        cursor += n
+    return GMSPlan.from_packed(buffer)
