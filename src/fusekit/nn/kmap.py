@@ -882,10 +882,8 @@ def _packed_plan(
         change = np.ones(n_tiles, bool)
         change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
         item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
-    meta = np.array(
-        [_MAGIC, e, n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum"), tile_rows]
-        + [SCHEDULES.index(schedule)]
-    )
+    sizes = (e, n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum"), tile_rows)
+    meta = np.array([_MAGIC, *sizes, SCHEDULES.index(schedule)])
     parts: dict[str, np.ndarray | int] = {
         "order": e,  # filled with arange below
         "gather": g,
