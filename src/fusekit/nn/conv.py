@@ -1,0 +1,388 @@
+r"""Sparse 3-D convolution on gms: ``SubMConv3d`` and ``SparseConv3d``, drop-in for spconv 2.x.
+
+For output voxel ``o`` and the kernel map's pairs ``(i, k, o)`` (:mod:`fusekit.nn.kmap`):
+
+.. math::
+
+    y_o = b + \sum_{(i, k, o)} W_k^\top x_i, \qquad
+    W_k[c_{in}, c_{out}] = \text{weight}[c_{out}, k_z, k_y, k_x, c_{in}], \; k = 9 k_z + 3 k_y + k_x
+
+which is one g-mm-s problem (gather ``i``, segment ``k``, scatter ``o``, sum) run by
+:func:`fusekit.gms.gms`, differentiable in ``x``, ``weight`` and ``bias``. The weight keeps
+spconv's ``[out, 3, 3, 3, in]`` layout, so an spconv layer's ``state_dict`` loads as it is.
+
+Per kernel map, once: the map (numba hash on the CPU), its features, the gms selector's choice
+of strategy and configuration for the layer's widths and dtype, and the plan built with the
+choice's knobs. Layers that share an ``indice_key`` share the map (as in spconv), and repeated
+forwards on the same :class:`SparseTensor` do no planning.
+
+When to prefer which: ``SubMConv3d`` keeps the active set (outputs = inputs); ``SparseConv3d``
+with stride 2 halves the resolution and creates outputs wherever a kernel window reaches one
+input (its output coordinates come sorted by ``(b, z, y, x)``; spconv's order differs, the
+features per coordinate are equal).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fusekit.errors import expected
+from fusekit.nn import kmap as km
+
+if TYPE_CHECKING:
+    from fusekit.gms import GMSPlan
+    from fusekit.gms.candidates import Config
+
+
+@dataclass(eq=False)
+class ConvMap:
+    """A kernel map with its gms plans and choices, per (widths, dtype, device).
+
+    Attributes:
+        kmap: the pairs.
+        indices: the input coordinates it was built from.
+        plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
+    """
+
+    kmap: km.KernelMap
+    indices: torch.Tensor
+    plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
+        default_factory=dict
+    )
+
+    def plan_for(
+        self, k: int, m: int, dtype: torch.dtype, device: torch.device, strategy: str = "auto"
+    ) -> tuple[Any, Any]:
+        """The plan and configuration for operands of widths ``k``, ``m`` (cached)."""
+        key = (k, m, dtype, str(device), strategy)
+        if key not in self.plans:
+            cfg = choose(self.kmap, k, m, dtype, device, strategy)
+            from fusekit.gms.candidates import Order
+
+            orders = cfg.strategy.order is not Order.PAIRWISE
+            plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs, orders=orders)
+            self.plans[key] = (plan.to(device) if device.type != "cpu" else plan, cfg)
+        return self.plans[key]
+
+
+def choose(
+    kmap: km.KernelMap,
+    k: int,
+    m: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    strategy: str = "auto",
+) -> Config:
+    """The gms selector's configuration for a map (``select(features(plan), detect())``).
+
+    A kernel map has one pair per (offset, input) and per (offset, output), so the
+    transform-first and aggregate-first orders run as many GEMM rows as the pairwise order plus
+    a reduce pass; where the selector answers one of them (its tree extrapolating beyond the
+    problems it was trained on), the same dataflow and knobs run pairwise. A ``strategy`` other
+    than ``"auto"`` (a pairwise gms dataflow) replaces the selected one, keeping its knobs.
+    """
+    from fusekit.gms.candidates import Order, Strategy
+    from fusekit.gms.selector import select
+    from fusekit.hw import detect, load
+
+    # no GPU detection in fusekit.hw yet: a CUDA device is described by the H100 preset
+    target: Any = load("h100") if device.type == "cuda" else detect()
+    cfg = select(km.features_of(kmap, k, m, dtype), target).config
+    if strategy != "auto":
+        cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))
+    if cfg.strategy.order is not Order.PAIRWISE:
+        cfg = dc_replace(cfg, strategy=Strategy(Order.PAIRWISE, cfg.strategy.dataflow))
+    return cfg
+
+
+@dataclass(eq=False)
+class SparseTensor:
+    """Features on voxels, spconv's ``SparseConvTensor`` in plain data.
+
+    Attributes:
+        features: ``[N, C]`` float32/float64/bfloat16.
+        indices: ``[N, 4]`` int32 distinct voxels ``(b, z, y, x)``.
+        spatial_shape: ``(Z, Y, X)``.
+        batch_size: batches.
+        maps: kernel maps by ``indice_key``, shared with the tensors that layers return.
+    """
+
+    features: torch.Tensor
+    indices: torch.Tensor
+    spatial_shape: tuple[int, int, int]
+    batch_size: int
+    maps: dict[str, ConvMap] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.features, torch.Tensor):
+            raise TypeError(
+                expected("SparseTensor", "features", "a torch.Tensor", type(self.features))
+            )
+        if self.features.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+            raise TypeError(
+                expected(
+                    "SparseTensor",
+                    "features",
+                    "float32, float64 or bfloat16",
+                    str(self.features.dtype).split(".")[-1],
+                )
+            )
+        if self.features.dim() != 2:
+            raise ValueError(
+                expected("SparseTensor", "features", "[N, C]", tuple(self.features.shape))
+            )
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+            raise TypeError(expected("SparseTensor", "batch_size", "an int", self.batch_size))
+        self.spatial_shape = tuple(int(n) for n in self.spatial_shape)  # type: ignore[assignment]
+        km.check_indices(self.indices, self.spatial_shape, self.batch_size)
+        if self.indices.shape[0] != self.features.shape[0]:
+            raise ValueError(
+                expected(
+                    "SparseTensor",
+                    "features",
+                    f"{self.indices.shape[0]} rows (one per row of 'indices')",
+                    f"{self.features.shape[0]} rows",
+                )
+            )
+        if self.indices.device != self.features.device:
+            raise ValueError(
+                expected(
+                    "SparseTensor",
+                    "indices",
+                    f"on {self.features.device} like 'features'",
+                    self.indices.device,
+                )
+            )
+
+    @classmethod
+    def _trusted(
+        cls,
+        features: torch.Tensor,
+        indices: torch.Tensor,
+        spatial_shape: tuple[int, int, int],
+        batch_size: int,
+        maps: dict[str, ConvMap],
+    ) -> SparseTensor:
+        """A layer's output, whose voxels the kernel map already validated (no O(N) checks)."""
+        out = object.__new__(cls)
+        out.features, out.indices, out.spatial_shape = features, indices, spatial_shape
+        out.batch_size, out.maps = batch_size, maps
+        return out
+
+    def replace_feature(self, features: torch.Tensor) -> SparseTensor:
+        """The same voxels (and cached maps) with other features."""
+        return SparseTensor(features, self.indices, self.spatial_shape, self.batch_size, self.maps)
+
+    @classmethod
+    def from_spconv(cls, tensor: Any) -> SparseTensor:
+        """From spconv's ``SparseConvTensor`` (features, indices, shape and batch size)."""
+        shape = tuple(int(n) for n in tensor.spatial_shape)
+        return cls(tensor.features, tensor.indices, shape, int(tensor.batch_size))  # type: ignore[arg-type]
+
+    def to_spconv(self) -> Any:
+        """To spconv's ``SparseConvTensor`` (needs spconv; indices as int32)."""
+        import spconv.pytorch as spconv
+
+        return spconv.SparseConvTensor(
+            self.features, self.indices.int(), list(self.spatial_shape), self.batch_size
+        )
+
+
+def conv_reference(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    kmap: km.KernelMap,
+) -> torch.Tensor:
+    """The layers' maths in plain torch, differentiable (spconv's native CPU algorithm).
+
+    Per offset ``k``: ``y[o] += x[i] @ W_k`` with ``index_select``, ``mm`` and ``index_add``.
+    """
+    out_channels = weight.shape[0]
+    w = weight.reshape(out_channels, 27, -1)
+    y = features.new_zeros(kmap.n_out, out_channels)
+    ptr = kmap.offset_ptr.tolist()
+    for k in range(27):
+        lo, hi = ptr[k], ptr[k + 1]
+        rows = features.index_select(0, kmap.gather[lo:hi])
+        y = y.index_add(0, kmap.scatter[lo:hi], rows @ w[:, k].T)
+    return y + bias if bias is not None else y
+
+
+def _triple(name: str, value: int | tuple[int, ...], low: int) -> tuple[int, int, int]:
+    values = (value,) * 3 if isinstance(value, int) else tuple(value)
+    if len(values) != 3 or any(not isinstance(v, int) or v < low for v in values):
+        raise ValueError(expected("sparse conv", name, f"an int >= {low} or 3 of them", value))
+    return values  # type: ignore[return-value]
+
+
+class _SparseConv(torch.nn.Module):
+    """What the two layers share: spconv's parameters, the map cache and the gms call."""
+
+    subm: bool = False
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int, int] = 3,
+        stride: int | tuple[int, int, int] = 1,
+        padding: int | tuple[int, int, int] = 0,
+        dilation: int | tuple[int, int, int] = 1,
+        bias: bool = True,
+        indice_key: str | None = None,
+        strategy: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        from fusekit.gms.candidates import Dataflow
+
+        dataflows = [d.value for d in Dataflow]
+        if strategy != "auto" and strategy not in dataflows:
+            raise ValueError(
+                expected(type(self).__name__, "strategy", f"'auto' or one of {dataflows}", strategy)
+            )
+        self.strategy = strategy
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(expected(type(self).__name__, name, "a positive int", value))
+        if _triple("kernel_size", kernel_size, 1) != (3, 3, 3):
+            raise ValueError(expected(type(self).__name__, "kernel_size", "3", kernel_size))
+        if _triple("dilation", dilation, 1) != (1, 1, 1):
+            raise ValueError(expected(type(self).__name__, "dilation", "1", dilation))
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = (3, 3, 3)
+        self.stride = (1, 1, 1) if self.subm else _triple("stride", stride, 1)
+        self.padding = _triple("padding", padding, 0)
+        self.indice_key = indice_key
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.empty(out_channels, 3, 3, 3, in_channels, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, ``fan_in = 27 in_channels`` (torch's conv)."""
+        bound = 1.0 / math.sqrt(27 * self.in_channels)
+        torch.nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        """Like spconv's."""
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size=(3, 3, 3), stride={self.stride}"
+        if not self.subm:
+            s += f", padding={self.padding}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s + (f", indice_key={self.indice_key!r}" if self.indice_key else "")
+
+    def _map(self, x: SparseTensor) -> ConvMap:
+        cached = x.maps.get(self.indice_key) if self.indice_key is not None else None
+        if cached is not None:
+            if cached.indices is not x.indices and not torch.equal(cached.indices, x.indices):
+                raise ValueError(
+                    expected(
+                        type(self).__name__,
+                        "indice_key",
+                        "a key whose map was built on these indices",
+                        repr(self.indice_key),
+                    )
+                )
+            return cached
+        kmap = km.build(
+            x.indices, x.spatial_shape, x.batch_size, self.stride, self.padding, self.subm
+        )
+        entry = ConvMap(kmap, x.indices)
+        if self.indice_key is not None:
+            x.maps[self.indice_key] = entry
+        return entry
+
+    def forward(self, x: SparseTensor) -> SparseTensor:
+        """Convolve.
+
+        Args:
+            x: the input voxels and features (``C = in_channels``).
+
+        Returns:
+            The output voxels (SubM: the inputs) with ``out_channels`` features.
+
+        Raises:
+            TypeError: ``x`` is not a :class:`SparseTensor`, or its dtype is not the weight's.
+            ValueError: its channels are not ``in_channels``; duplicate voxels; an
+                ``indice_key`` reused on other indices.
+        """
+        from fusekit.gms import gms
+        from fusekit.gms.launch import launch
+
+        name = type(self).__name__
+        if not isinstance(x, SparseTensor):
+            raise TypeError(expected(name, "x", "a fusekit.nn.SparseTensor", type(x).__name__))
+        if x.features.shape[1] != self.in_channels:
+            raise ValueError(
+                expected(
+                    name,
+                    "x.features",
+                    f"{self.in_channels} channels (in_channels)",
+                    f"shape {tuple(x.features.shape)}",
+                )
+            )
+        if x.features.dtype != self.weight.dtype:
+            raise TypeError(
+                expected(
+                    name, "x.features", f"{self.weight.dtype} like the weight", x.features.dtype
+                )
+            )
+        entry = self._map(x)
+        plan, cfg = entry.plan_for(
+            self.in_channels, self.out_channels, x.features.dtype, x.features.device, self.strategy
+        )
+        # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
+        w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
+        with launch(cfg.launch):
+            y = gms(x.features.contiguous(), w.contiguous(), plan, None, cfg.strategy)
+        if self.bias is not None:
+            y = y + self.bias
+        kmap = entry.kmap
+        return SparseTensor._trusted(y, kmap.out_coords, kmap.out_shape, x.batch_size, x.maps)
+
+
+class SubMConv3d(_SparseConv):
+    r"""Submanifold 3x3x3 convolution: outputs on the input voxels (spconv's ``SubMConv3d``).
+
+    .. math::  y_o = b + \sum_{k} W_k^\top x_{\,\mathrm{in}(c_o + k - 1)}
+
+    Args:
+        in_channels: input features per voxel.
+        out_channels: output features per voxel.
+        kernel_size: 3 (the only size).
+        stride: ignored (1), as spconv.
+        padding: ignored, as spconv's submanifold convolution.
+        dilation: 1.
+        bias: add a learned bias.
+        indice_key: layers with one key share a kernel map on a :class:`SparseTensor`.
+        strategy: ``"auto"`` (the gms selector's choice) or a gms dataflow to run pairwise,
+            e.g. ``"G-Mseg-S"`` (the selector models the forward only; in training the
+            vendor-GEMM gradients of ``G-Mseg-S`` can be faster, see ``benchmarks/spconv.py``).
+        device, dtype: of the parameters.
+    """
+
+    subm = True
+
+
+class SparseConv3d(_SparseConv):
+    r"""Regular sparse 3x3x3 convolution, stride 1 or 2 (spconv's ``SparseConv3d``).
+
+    .. math::  y_o = b + \sum_{k} W_k^\top x_{\,\mathrm{in}(s c_o - p + k)}
+
+    for every output ``o`` inside ``floor((S + 2p - 3) / s) + 1`` that some input reaches.
+    Output coordinates are sorted by ``(b, z, y, x)``.
+
+    Args: as :class:`SubMConv3d`, with ``stride`` and ``padding`` per axis (int or 3 ints).
+    """
