@@ -79,6 +79,16 @@ def import_spconv() -> Any:
     return spconv.pytorch
 
 
+def inference(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` under ``torch.no_grad()``: forward studies time inference for both layers."""
+
+    def run() -> object:
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
 def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, object]]:
     spconv = import_spconv()
 
@@ -141,12 +151,12 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
 
     studies: dict[str, dict[str, Callable[[], object]]] = {
         "forward, map built": {
-            SPCONV: lambda: peer(spconv.SparseConvTensor(x, coords, list(shape), 1)),
-            FUSEKIT: lambda: ours(SparseTensor(x, coords, shape, 1)),
+            SPCONV: inference(lambda: peer(spconv.SparseConvTensor(x, coords, list(shape), 1))),
+            FUSEKIT: inference(lambda: ours(SparseTensor(x, coords, shape, 1))),
         },
         "forward, map reused": {
-            SPCONV: lambda: peer_keyed(keyed),
-            FUSEKIT: lambda: ours_keyed(ours_tensor),
+            SPCONV: inference(lambda: peer_keyed(keyed)),
+            FUSEKIT: inference(lambda: ours_keyed(ours_tensor)),
         },
         "forward+backward, map reused": {
             TORCH: torch_fwd_bwd,

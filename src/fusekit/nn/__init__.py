@@ -3,9 +3,30 @@
 Each layer turns its indices (edges and relations, voxel kernel maps, routed tokens) into a
 :class:`fusekit.gms.GMSProblem`, plans it once per index tensor, asks the gms selector for a
 dataflow and configuration, and runs :func:`fusekit.gms.gms` (differentiable).
+
+Importing this package imports neither torch nor numba; the names below load on first use.
 """
 
-from fusekit.nn.moe import MoE, from_mixtral, swap_mixtral_moe
-from fusekit.nn.rgcn import RGCNConv
+from __future__ import annotations
 
-__all__ = ["MoE", "RGCNConv", "from_mixtral", "swap_mixtral_moe"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "MoE": "moe",
+    "from_mixtral": "moe",
+    "swap_mixtral_moe": "moe",
+    "RGCNConv": "rgcn",
+    "SparseConv3d": "conv",
+    "SparseTensor": "conv",
+    "SubMConv3d": "conv",
+    "conv_reference": "conv",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"fusekit.nn.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'fusekit.nn' has no attribute {name!r}")
