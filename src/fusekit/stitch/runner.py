@@ -5,16 +5,18 @@
     stitched = stitch.compile(model, args)      # capture, plan, generate, compile
     y = stitched(*args)                          # same outputs as model(*args)
 
-An op that runs alone (a contraction, an opaque op, an op no kernel could take) is executed by
-the IR interpreter on its one-op subgraph, i.e. by the same torch calls as the reference. The
-reference of a whole group is :func:`reference_group` (the interpreter on the group's
-subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
+An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): a contraction
+(GEMM, BMM, linear) by its ATen call (``addmm``/``matmul``/``einsum``), a group of layout ops
+(transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
+op no kernel could take) by the IR interpreter on its one-op subgraph. The reference of a whole
+group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
 new input shapes (one plan per shape signature); a :class:`PlannedGraph` given other shapes
 raises a ``ValueError`` naming the input.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +25,15 @@ from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
+from fusekit.stitch.alone import AtenContraction, LayoutViews
 from fusekit.stitch.candidates import Candidate
+from fusekit.stitch.classify import OpClass, classify
 from fusekit.stitch.search import Plan, plan
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 
 def reference_group(
@@ -51,14 +57,34 @@ class _Alone:
 
 def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
     if group.layout is None:
+        (name,) = group.ops if len(group.ops) == 1 else (None,)
+        if name is not None and classify(graph.op(name)) is OpClass.GEMM:
+            try:
+                return AtenContraction(graph, name)
+            except ValueError:
+                pass
         return _Alone(graph, group)
+    kernel: Callable[..., dict[str, Any]]
     if backend == "cpu":
         from fusekit.stitch.codegen.cpu import CpuKernel
 
-        return CpuKernel(graph, group.layout)
-    raise ValueError(
-        expected("stitch", "backend", "'cpu' (the Triton backend is not built)", backend)
-    )
+        kernel = CpuKernel(graph, group.layout)
+    elif backend == "triton":
+        from fusekit.stitch.codegen.triton import TritonKernel
+
+        try:
+            kernel = TritonKernel(graph, group.layout)
+        except NotImplementedError as e:
+            log.info("stitch: %s runs unstitched on the Triton backend: %s", sorted(group.ops), e)
+            return _Alone(graph, group)
+    else:
+        raise ValueError(expected("stitch", "backend", "'cpu' or 'triton'", backend))
+    if all(classify(graph.op(o)) is OpClass.LAYOUT for o in group.ops):
+        try:
+            return LayoutViews(graph, group.layout, kernel)
+        except ValueError:
+            pass
+    return kernel
 
 
 class PlannedGraph:
