@@ -21,18 +21,19 @@ Every group also has a reference: the same ops run by :func:`fusekit.ir.interpre
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
-import os
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Reduce, walk
-from fusekit.stitch.codegen.render import Dialect, Renderer, identity, static_shape
+from fusekit.stitch.codegen.render import (
+    Dialect,
+    Renderer,
+    identity,
+    load_generated,
+    static_shape,
+)
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
 
 if TYPE_CHECKING:
@@ -350,35 +351,11 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()[0]
 
 
-def cache_dir() -> Path:
-    """Where generated kernels are written (numba caches their machine code beside them)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "fusekit" / "stitch"
-
-
-_LOADED: dict[str, Callable[..., Any]] = {}
-
-
 def compile_source(source: str) -> Callable[..., Any]:
     """Load a generated module and return its ``kernel`` (memoised by source hash)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    if digest in _LOADED:
-        return _LOADED[digest]
-    path = cache_dir() / f"k_{digest}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    name = f"fusekit_stitch_k_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"stitch: cannot load generated kernel {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # numba's cache re-imports the module by name
-    spec.loader.exec_module(module)
-    _LOADED[digest] = module.kernel
-    return _LOADED[digest]
+    module = load_generated(source, "k")
+    kernel: Callable[..., Any] = module.kernel
+    return kernel
 
 
 class CpuKernel:
