@@ -12,11 +12,20 @@ op no kernel could take) by the IR interpreter on its one-op subgraph. The refer
 group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
 new input shapes (one plan per shape signature); a :class:`PlannedGraph` given other shapes
 raises a ``ValueError`` naming the input.
+
+Thread pools. The CPU kernels run on numba's OpenMP pool, the ops alone on torch's (a second
+libgomp): a pool that spins after its parallel region starves the other on a small machine.
+Importing this module therefore sets ``OMP_WAIT_POLICY=PASSIVE`` when it is unset, which every
+OpenMP runtime loaded afterwards reads (numba's always; torch's only if torch is imported after
+fusekit.stitch); if torch's pool was started without it, the first run logs a warning saying to
+set it before importing torch. An explicit value is never changed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +43,24 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+
+#: torch's pool started before the policy was set here (so it spins after its regions)
+_TORCH_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_warned = False
+
+
+def _warn_spinning_pool() -> None:
+    """Warn once if torch's OpenMP pool may spin (torch loaded before the policy was set)."""
+    global _warned
+    if _warned or not _TORCH_SPINS:
+        return
+    _warned = True
+    log.warning(
+        "stitch: torch was imported before fusekit.stitch.runner without OMP_WAIT_POLICY; its "
+        "spinning OpenMP threads slow the stitched kernels on small machines: set "
+        "OMP_WAIT_POLICY=PASSIVE before importing torch"
+    )
 
 
 def reference_group(
@@ -103,6 +130,9 @@ class PlannedGraph:
         self.graph = plan.graph
         self.constants = dict(constants)
         self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
+        import torch
+
+        self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
         """Raise a ``ValueError`` for a missing input or one whose shape or dtype differs."""
@@ -111,6 +141,8 @@ class PlannedGraph:
                 raise ValueError(expected("stitch", name, "given", "missing"))
             t = self.graph.tensor(name)
             got = values[name]
+            if got.shape == t.shape and self._dtypes.get(name) is got.dtype:
+                continue
             dtype = str(got.dtype).removeprefix("torch.")
             if tuple(got.shape) != t.shape or dtype != t.dtype:
                 raise ValueError(
@@ -121,6 +153,7 @@ class PlannedGraph:
     def run(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run every kernel in plan order; return the graph's outputs by name."""
         self.check(values)
+        _warn_spinning_pool()
         env: dict[str, torch.Tensor] = {**self.constants, **values}
         for kernel in self.kernels:
             env.update(kernel(env))

@@ -374,6 +374,7 @@ class CpuKernel:
         self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
         self._fn: Callable[..., Any] | None = None
+        self._trips: list[int] = []
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
@@ -383,13 +384,14 @@ class CpuKernel:
 
         if self._fn is None:
             self._fn = compile_source(self.source)
-        ins = [values[t].detach().contiguous().reshape(-1).numpy() for t in self.layout.inputs]
-        outs = {
-            t: torch.empty(self.shapes[t], dtype=getattr(torch, self.dtypes[t]))
-            for t in self.layout.outputs
-        }
+            self._trips = [self.layout.extents[d] for d in self.layout.inner_dims]
+        ins = [values[t].detach().contiguous().view(-1).numpy() for t in self.layout.inputs]
+        # numpy allocates, torch wraps without a copy: one allocation per output
+        flat = [np.empty(math.prod(self.shapes[t]), self.dtypes[t]) for t in self.layout.outputs]
         chunks = max(1, min(self.layout.rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
-        trips = [self.layout.extents[d] for d in self.layout.inner_dims]
-        self._fn(*ins, *(o.reshape(-1).numpy() for o in outs.values()), *parts, chunks, *trips)
-        return outs
+        self._fn(*ins, *flat, *parts, chunks, *self._trips)
+        return {
+            t: torch.from_numpy(a).view(self.shapes[t])
+            for t, a in zip(self.layout.outputs, flat, strict=True)
+        }
