@@ -63,8 +63,11 @@ def _tensor_bytes(tree: Any) -> int:
 
 
 class _CountOps(TorchDispatchMode):
-    """Counts eager's kernels (non-view ATen ops) and the bytes they move: each kernel reads
-    its tensor arguments once and writes its outputs once (the eager DRAM bytes estimate)."""
+    """Counts eager's kernels (non-view ATen ops) and the bytes they move.
+
+    Each kernel reads its tensor arguments once and writes its outputs once (the eager DRAM
+    bytes estimate).
+    """
 
     def __init__(self) -> None:
         super().__init__()

@@ -48,10 +48,11 @@ class AtenContraction:
         op = graph.op(name)
         expr, bias = op.expr, None
         if isinstance(expr, Bin) and expr.op == "+":
-            if isinstance(expr.left, Reduce) and isinstance(expr.right, Access):
-                expr, bias = expr.left, expr.right
-            elif isinstance(expr.right, Reduce) and isinstance(expr.left, Access):
-                expr, bias = expr.right, expr.left
+            left, right = expr.left, expr.right
+            if isinstance(left, Reduce) and isinstance(right, Access):
+                expr, bias = left, right
+            elif isinstance(right, Reduce) and isinstance(left, Access):
+                expr, bias = right, left
         if not (
             isinstance(expr, Reduce) and expr.op is ReduceOp.SUM and isinstance(expr.body, Bin)
             and expr.body.op == "*" and isinstance(expr.body.left, Access)

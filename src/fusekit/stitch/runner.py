@@ -9,9 +9,10 @@ An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): 
 (GEMM, BMM, linear) by its ATen call (``addmm``/``matmul``/``einsum``), a group of layout ops
 (transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
 op no kernel could take) by the IR interpreter on its one-op subgraph. The reference of a whole
-group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
-new input shapes (one plan per shape signature); a :class:`PlannedGraph` given other shapes
-raises a ``ValueError`` naming the input.
+group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are
+specialised at capture: :class:`Stitched` re-captures and re-plans for new input shapes (one plan
+per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
+the input.
 
 Thread pools. The CPU kernels run on numba's OpenMP pool, the ops alone on torch's (a second
 libgomp): a pool that spins after its parallel region starves the other on a small machine.

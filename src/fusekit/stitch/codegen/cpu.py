@@ -225,7 +225,6 @@ class _Emitter:
                     )
                 else:
                     part = f"part_{op}_{j}"
-                    size = math.prod(static_shape(self.graph, op))
                     off = r.offset(op, op, self.graph.op(op).out.indices)
                     slot = f"col_{part}[{off}]"
                     self.emit(

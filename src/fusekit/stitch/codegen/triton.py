@@ -36,7 +36,7 @@ from fusekit.ir.graph import Graph
 from fusekit.ir.op import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.stitch.codegen.render import Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
-from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
+from fusekit.stitch.schemes import Layout, Role, RowStep
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ _REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}
 def _const(value: float, dtype: str) -> str:
     if math.isinf(value):
         return f'{"-" if value < 0 else ""}float("inf")'
-    return "float(\"nan\")" if math.isnan(value) else repr(float(value))
+    return 'float("nan")' if math.isnan(value) else repr(float(value))
 
 
 DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
@@ -155,7 +155,9 @@ class _Emitter:
     def finish(self, depth: int, op: str, names: list[str]) -> None:
         for red, name in zip(self.reduces(op), names, strict=True):
             count = self.count(op, red)
-            self.r.reduce_names[id(red)] = f"({name} / {count}.0)" if red.op.value == "mean" else name
+            self.r.reduce_names[id(red)] = (
+                f"({name} / {count}.0)" if red.op.value == "mean" else name
+            )
         self.emit(depth, f"v_{op} = {self.r.expr(op, self.layout.exprs[op], None)}")
 
     def store(self, depth: int, op: str, full: bool) -> None:
@@ -284,8 +286,9 @@ class _Emitter:
 
 
 def generate_triton(graph: Graph, layout: Layout) -> str:
-    """The Triton source of the group's kernels (``kernel``, plus ``combine_<op>`` per column
-    reduction).
+    """The Triton source of the group's kernels.
+
+    ``kernel``, plus ``combine_<op>`` (phase 2) per column reduction.
 
     Raises:
         NotImplementedError: for what the backend does not spell (see the module docstring).
