@@ -114,7 +114,8 @@ class AtenContraction:
         return {self.name: y.contiguous()}
 
     def _broadcast(self, c: torch.Tensor) -> torch.Tensor:
-        assert self.bias_view is not None
+        if self.bias_view is None:
+            raise ValueError(f"stitch: {self.name} has no addend")
         dims, ordered = self.bias_view
         if not ordered:
             c = c.permute(sorted(range(len(dims)), key=lambda i: dims[i]))
