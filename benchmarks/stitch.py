@@ -11,7 +11,12 @@ Each is checked against eager, then timed with ``time_call`` (median, q10, q90);
 the three are interleaved so that machine noise hits all of them alike. Kernel counts: eager
 counts the non-view ATen ops one call dispatches, compile the kernels inductor generated, fusekit
 the kernels of its plan. Bytes moved are the cost model's DRAM bytes of the plan and of every op
-alone. Writes ``benchmarks/results/stitch_cpu.json`` and a plot beside it.
+alone, and eager's estimated bytes (every dispatched ATen kernel reads its tensor arguments and
+writes its outputs once): ``byte_ratio_eager_over_fused`` bounds fusekit's speedup over eager on a
+memory-bound workload. ``roofline_fraction`` is the plan's roofline time (per kernel, the larger
+of DRAM bytes over the measured streaming bandwidth and FLOPs over peak) over fusekit's measured
+time; ``achieved_bw_fraction`` the plan's bytes per second over the streaming bandwidth.
+Writes ``benchmarks/results/stitch_cpu.json`` and a plot beside it.
 
 Run alone, at real-time priority: ``chrt -f 10 python benchmarks/stitch.py``. The script sets
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set) before torch loads: fusekit alternates numba's and
@@ -46,15 +51,36 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expan
           "squeeze", "slice", "select", "alias", "detach", "as_strided", "split"}  # fmt: skip
 
 
+def _tensor_bytes(tree: Any) -> int:
+    leaves = tree if isinstance(tree, list | tuple) else [tree]
+    total = 0
+    for x in leaves:
+        if isinstance(x, list | tuple):
+            total += _tensor_bytes(x)
+        elif isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()
+    return total
+
+
 class _CountOps(TorchDispatchMode):
+    """Counts eager's kernels (non-view ATen ops) and the bytes they move.
+
+    Each kernel reads its tensor arguments once and writes its outputs once (the eager DRAM
+    bytes estimate).
+    """
+
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
         if func.overloadpacket.__name__ not in _VIEWS:
             self.count += 1
-        return func(*args, **(kwargs or {}))
+            self.bytes += _tensor_bytes(list(args) + list((kwargs or {}).values()))
+            self.bytes += _tensor_bytes(out)
+        return out
 
 
 def _tuple(x: Any) -> tuple[torch.Tensor, ...]:
@@ -101,6 +127,10 @@ def run_workload(name: str, target: CPUTarget, repeats: int, small: bool) -> dic
     unfused_bytes = sum(
         c.cost.dram_bytes for c in enumerate_candidates(plan.graph, target) if len(c.ops) == 1
     )
+    bw = target.mem_bw_bytes_per_s
+    # the roofline bound of the plan: every kernel at streaming bandwidth or peak FLOP/s
+    roofline_s = sum(max(g.cost.dram_bytes / bw, g.cost.flops / target.peak("fp32"))
+                     for g in plan.groups)  # fmt: skip
     return {
         "workload": name,
         "description": w.description,
@@ -116,6 +146,11 @@ def run_workload(name: str, target: CPUTarget, repeats: int, small: bool) -> dic
         "ir_ops": len(plan.graph.ops),
         "bytes_fusekit_model": fused_bytes,
         "bytes_unfused_model": unfused_bytes,
+        "bytes_eager_est": counter.bytes,
+        "byte_ratio_eager_over_fused": counter.bytes / fused_bytes,
+        "roofline_s": roofline_s,
+        "roofline_fraction": roofline_s / median["fusekit"],
+        "achieved_bw_fraction": fused_bytes / median["fusekit"] / bw,
         "plan_objective_s": plan.objective_s,
         "plan_greedy_s": plan.greedy_s,
         "plan_bound_s": plan.bound_s,
@@ -176,7 +211,8 @@ def main() -> None:
             f"{name:22s} eager {r['eager_s'] * 1e3:8.3f} ms  compile {r['compile_s'] * 1e3:8.3f} "
             f"ms  fusekit {r['fusekit_s'] * 1e3:8.3f} ms  x{r['speedup_vs_eager']:.2f} eager  "
             f"x{r['speedup_vs_compile']:.2f} compile  kernels {r['kernels_eager']}/"
-            f"{r['kernels_compile']}/{r['kernels_fusekit']}",
+            f"{r['kernels_compile']}/{r['kernels_fusekit']}  bytes eager/fused "
+            f"x{r['byte_ratio_eager_over_fused']:.2f}  roofline {r['roofline_fraction']:.2f}",
             flush=True,
         )
     subgraphs = [r for r in records if r["workload"] != "bert"]
@@ -185,11 +221,15 @@ def main() -> None:
         summary = {
             "geomean_speedup_vs_eager": _geomean([r["speedup_vs_eager"] for r in subgraphs]),
             "geomean_speedup_vs_compile": _geomean([r["speedup_vs_compile"] for r in subgraphs]),
+            "geomean_byte_ratio_eager_over_fused": _geomean(
+                [r["byte_ratio_eager_over_fused"] for r in subgraphs]
+            ),
             "subgraphs": len(subgraphs),
         }
         print(
             f"geomean over {len(subgraphs)} subgraphs: x{summary['geomean_speedup_vs_eager']:.2f} "
-            f"eager, x{summary['geomean_speedup_vs_compile']:.2f} torch.compile"
+            f"eager, x{summary['geomean_speedup_vs_compile']:.2f} torch.compile; eager/fused "
+            f"bytes x{summary['geomean_byte_ratio_eager_over_fused']:.2f}"
         )
     meta = run_metadata(target.to_dict())
     meta.update(

@@ -5,16 +5,28 @@
     stitched = stitch.compile(model, args)      # capture, plan, generate, compile
     y = stitched(*args)                          # same outputs as model(*args)
 
-An op that runs alone (a contraction, an opaque op, an op no kernel could take) is executed by
-the IR interpreter on its one-op subgraph, i.e. by the same torch calls as the reference. The
-reference of a whole group is :func:`reference_group` (the interpreter on the group's
-subgraph). Shapes are specialised at capture: :class:`Stitched` re-captures and re-plans for
-new input shapes (one plan per shape signature); a :class:`PlannedGraph` given other shapes
-raises a ``ValueError`` naming the input.
+An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): a contraction
+(GEMM, BMM, linear) by its ATen call (``addmm``/``matmul``/``einsum``), a group of layout ops
+(transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
+op no kernel could take) by the IR interpreter on its one-op subgraph. The reference of a whole
+group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are
+specialised at capture: :class:`Stitched` re-captures and re-plans for new input shapes (one plan
+per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
+the input.
+
+Thread pools. The CPU kernels run on numba's OpenMP pool, the ops alone on torch's (a second
+libgomp): a pool that spins after its parallel region starves the other on a small machine.
+Importing this module therefore sets ``OMP_WAIT_POLICY=PASSIVE`` when it is unset, which every
+OpenMP runtime loaded afterwards reads (numba's always; torch's only if torch is imported after
+fusekit.stitch); if torch's pool was started without it, the first run logs a warning saying to
+set it before importing torch. An explicit value is never changed.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +35,33 @@ from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
+from fusekit.stitch.alone import AtenContraction, LayoutViews
 from fusekit.stitch.candidates import Candidate
+from fusekit.stitch.classify import OpClass, classify
 from fusekit.stitch.search import Plan, plan
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
+
+#: torch's pool started before the policy was set here (so it spins after its regions)
+_TORCH_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_warned = False
+
+
+def _warn_spinning_pool() -> None:
+    """Warn once if torch's OpenMP pool may spin (torch loaded before the policy was set)."""
+    global _warned
+    if _warned or not _TORCH_SPINS:
+        return
+    _warned = True
+    log.warning(
+        "stitch: torch was imported before fusekit.stitch.runner without OMP_WAIT_POLICY; its "
+        "spinning OpenMP threads slow the stitched kernels on small machines: set "
+        "OMP_WAIT_POLICY=PASSIVE before importing torch"
+    )
 
 
 def reference_group(
@@ -51,14 +85,34 @@ class _Alone:
 
 def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
     if group.layout is None:
+        (name,) = group.ops if len(group.ops) == 1 else (None,)
+        if name is not None and classify(graph.op(name)) is OpClass.GEMM:
+            try:
+                return AtenContraction(graph, name)
+            except ValueError:
+                pass
         return _Alone(graph, group)
+    kernel: Callable[..., dict[str, Any]]
     if backend == "cpu":
         from fusekit.stitch.codegen.cpu import CpuKernel
 
-        return CpuKernel(graph, group.layout)
-    raise ValueError(
-        expected("stitch", "backend", "'cpu' (the Triton backend is not built)", backend)
-    )
+        kernel = CpuKernel(graph, group.layout)
+    elif backend == "triton":
+        from fusekit.stitch.codegen.triton import TritonKernel
+
+        try:
+            kernel = TritonKernel(graph, group.layout)
+        except NotImplementedError as e:
+            log.info("stitch: %s runs unstitched on the Triton backend: %s", sorted(group.ops), e)
+            return _Alone(graph, group)
+    else:
+        raise ValueError(expected("stitch", "backend", "'cpu' or 'triton'", backend))
+    if all(classify(graph.op(o)) is OpClass.LAYOUT for o in group.ops):
+        try:
+            return LayoutViews(graph, group.layout, kernel)
+        except ValueError:
+            pass
+    return kernel
 
 
 class PlannedGraph:
@@ -77,6 +131,9 @@ class PlannedGraph:
         self.graph = plan.graph
         self.constants = dict(constants)
         self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
+        import torch
+
+        self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
         """Raise a ``ValueError`` for a missing input or one whose shape or dtype differs."""
@@ -85,6 +142,8 @@ class PlannedGraph:
                 raise ValueError(expected("stitch", name, "given", "missing"))
             t = self.graph.tensor(name)
             got = values[name]
+            if got.shape == t.shape and self._dtypes.get(name) is got.dtype:
+                continue
             dtype = str(got.dtype).removeprefix("torch.")
             if tuple(got.shape) != t.shape or dtype != t.dtype:
                 raise ValueError(
@@ -95,6 +154,7 @@ class PlannedGraph:
     def run(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run every kernel in plan order; return the graph's outputs by name."""
         self.check(values)
+        _warn_spinning_pool()
         env: dict[str, torch.Tensor] = {**self.constants, **values}
         for kernel in self.kernels:
             env.update(kernel(env))

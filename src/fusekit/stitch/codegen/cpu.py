@@ -21,18 +21,19 @@ Every group also has a reference: the same ops run by :func:`fusekit.ir.interpre
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
-import os
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Reduce, walk
-from fusekit.stitch.codegen.render import Dialect, Renderer, identity, static_shape
+from fusekit.stitch.codegen.render import (
+    Dialect,
+    Renderer,
+    identity,
+    load_generated,
+    static_shape,
+)
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
 
 if TYPE_CHECKING:
@@ -45,10 +46,10 @@ _FUNCTIONS = {
     "cos": "math.cos({0})", "floor": "np.floor({0})", "ceil": "np.ceil({0})",
     "sign": "np.sign({0})", "not": "not {0}",
     "sigmoid": "ONE / (ONE + fexp(-{0}))", "silu": "{0} / (ONE + fexp(-{0}))",
-    "relu": "max({0}, ZERO)", "rsqrt": "ONE / math.sqrt({0})", "recip": "ONE / {0}",
+    "relu": "fmax({0}, ZERO)", "rsqrt": "ONE / math.sqrt({0})", "recip": "ONE / {0}",
     "gelu": "HALF * {0} * (ONE + ferf({0} * RSQRT2))",
     "gelu_tanh": "HALF * {0} * (ONE + ftanh(SQRT2PI * ({0} + GELU_C * {0} * {0} * {0})))",
-    "max": "max({0}, {1})", "min": "min({0}, {1})", "pow": "{0} ** {1}",
+    "max": "fmax({0}, {1})", "min": "fmin({0}, {1})", "pow": "{0} ** {1}",
     "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
     "gt": "{0} > {1}", "ge": "{0} >= {1}", "and": "{0} and {1}", "or": "{0} or {1}",
     "floordiv": "np.floor({0} / {1})", "mod": "{0} % {1}", "where": "{1} if {0} else {2}",
@@ -57,6 +58,8 @@ _FUNCTIONS = {
 _PRELUDE = """import math
 import numba
 import numpy as np
+from llvmlite import ir as llvm_ir
+from numba.extending import intrinsic
 
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
@@ -65,7 +68,8 @@ RSQRT2 = np.float32(0.7071067811865476)
 SQRT2PI = np.float32(0.7978845608028654)
 GELU_C = np.float32(0.044715)
 LOG2E = np.float32(1.4426950408889634)
-POW2 = np.array([2.0 ** (k - 127) for k in range(255)] + [0.0], dtype=np.float32)
+EXP_LO = np.float32(-126.0)
+EXP_HI = np.float32(127.0)
 EXP_C = [np.float32(0.6931471805599453 ** n / math.factorial(n)) for n in range(8)]
 C0, C1, C2, C3, C4, C5, C6, C7 = EXP_C
 ERF_P = np.float32(0.3275911)
@@ -73,16 +77,37 @@ A1, A2, A3, A4, A5 = (np.float32(0.254829592), np.float32(-0.284496736), np.floa
                       np.float32(-1.453152027), np.float32(1.061405429))
 
 
+@intrinsic
+def bits_to_f32(typingctx, x):
+    # reinterpret an int32 as a float32 (one LLVM bitcast, vectorisable)
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_ir.FloatType())
+
+    return numba.float32(numba.int32), codegen
+
+
+@numba.njit(inline="always", fastmath=True)
+def fmax(a, b):
+    # a select, not Python's max (whose NaN branches stop LLVM from vectorising reductions)
+    return a if a > b else b
+
+
+@numba.njit(inline="always", fastmath=True)
+def fmin(a, b):
+    return a if a < b else b
+
+
 @numba.njit(inline="always", fastmath=True)
 def fexp(x):
     # exp(x) = 2^k * 2^f, k = round(x log2 e), |f| <= 1/2: a degree-7 Taylor series of 2^f
-    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) and 2^k from a
-    # table, so that LLVM vectorises it (no libm call)
-    t = min(max(x * LOG2E, np.float32(-126.0)), np.float32(127.0))
+    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) times 2^k built from
+    # its IEEE bits ((k + 127) << 23): branch-free float32, no table, no libm call, so that LLVM
+    # vectorises the loop around it
+    t = fmin(fmax(x * LOG2E, EXP_LO), EXP_HI)
     k = np.floor(t + HALF)
     f = t - k
     p = C0 + f * (C1 + f * (C2 + f * (C3 + f * (C4 + f * (C5 + f * (C6 + f * C7))))))
-    return p * POW2[np.int32(k) + 127]
+    return p * bits_to_f32((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
 @numba.njit(inline="always", fastmath=True)
@@ -115,7 +140,7 @@ def _const(value: float, dtype: str) -> str:
 
 DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
-            "max": "max({a}, {b})", "min": "min({a}, {b})"}  # fmt: skip
+            "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}  # fmt: skip
 
 
 class _Emitter:
@@ -166,7 +191,9 @@ class _Emitter:
                     self.emit(depth, f"{name} = {r.const(identity(red.op.value), dtype)}")
         inner = depth
         for d in lay.inner_dims:
-            self.emit(inner, f"for {r.index(d)} in range({lay.extents[d]}):")
+            # the trip count is an argument, not a literal: LLVM fully unrolls a short literal
+            # loop into a chain of scalar adds instead of vectorising its reduction
+            self.emit(inner, f"for {r.index(d)} in range(n_{r.index(d)}):")
             inner += 1
         reads_buffer = any(
             t in lay.buffered and r.stage_of.get(t, k) < k for op in ops for t in _reads(lay, op)
@@ -198,9 +225,8 @@ class _Emitter:
                     )
                 else:
                     part = f"part_{op}_{j}"
-                    size = math.prod(static_shape(self.graph, op))
                     off = r.offset(op, op, self.graph.op(op).out.indices)
-                    slot = f"{part}[c * {size} + {off}]"
+                    slot = f"col_{part}[{off}]"
                     self.emit(
                         body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
                     )
@@ -219,6 +245,17 @@ class _Emitter:
             self.r.reduce_names[id(red)] = name
         self.emit(depth, f"v_{op} = {self.r.expr(op, self.layout.exprs[op], None)}")
 
+    def next_row(self, depth: int) -> None:
+        """Count the parallel anchor indices up by one row (innermost first, with carries)."""
+        dims = list(reversed(self.layout.par_dims))
+        for j, d in enumerate(dims):
+            a = self.r.index(d)
+            self.emit(depth, f"{a} += 1")
+            if j + 1 < len(dims):
+                self.emit(depth, f"if {a} == {self.layout.extents[d]}:")
+                depth += 1
+                self.emit(depth, f"{a} = 0")
+
     def kernel(self) -> tuple[str, list[str], list[str]]:
         lay, r = self.layout, self.r
         ins = [f"in_{t}" for t in lay.inputs]
@@ -230,9 +267,14 @@ class _Emitter:
                 self.partials.append(
                     (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
                 )
-        args = ins + outs + [p[0] for p in self.partials] + ["n_chunks"]
+        trips = [f"n_{r.index(d)}" for d in lay.inner_dims]
+        args = ins + outs + [p[0] for p in self.partials] + ["n_chunks", *trips]
         flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
-        self.emit(0, f"@numba.njit(parallel=True, cache=True, fastmath={flags})")
+        # error_model="numpy": a float division by zero gives inf/nan (as in torch), with no
+        # exception branch in the loop to stop its vectorisation
+        self.emit(
+            0, f"@numba.njit(parallel=True, cache=True, fastmath={flags}, error_model='numpy')"
+        )
         self.emit(0, f"def kernel({', '.join(args)}):")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         self.emit(1, "for c in numba.prange(n_chunks):")
@@ -241,13 +283,22 @@ class _Emitter:
                 2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})"
             )
         for name, size, red_op, dtype in self.partials:
+            # a chunk-local accumulator: LLVM vectorises the row loop that updates it (it cannot
+            # prove that the shared partials array does not alias the inputs)
+            self.emit(2, f"col_{name} = np.empty({size}, np.{dtype})")
             self.emit(2, f"for j in range({size}):")
-            self.emit(3, f"{name}[c * {size} + j] = {r.const(identity(red_op), dtype)}")
+            self.emit(3, f"col_{name}[j] = {r.const(identity(red_op), dtype)}")
+        # the anchor indices of the chunk's first row by division, then counted up per row
+        # (a division per row costs as much as a short row's loads)
+        single = len(lay.par_dims) == 1
+        if not single:
+            stride = 1
+            for d in reversed(lay.par_dims):
+                self.emit(2, f"{r.index(d)} = (c * per // {stride}) % {lay.extents[d]}")
+                stride *= lay.extents[d]
         self.emit(2, f"for p in range(c * per, min({lay.rows}, (c + 1) * per)):")
-        stride = 1
-        for d in reversed(lay.par_dims):
-            self.emit(3, f"{r.index(d)} = (p // {stride}) % {lay.extents[d]}")
-            stride *= lay.extents[d]
+        if single:
+            self.emit(3, f"{r.index(lay.par_dims[0])} = p")
         k = 0
         for step in lay.steps:
             if isinstance(step, RowStep):
@@ -258,6 +309,11 @@ class _Emitter:
                 k += 1
         if not any(isinstance(s, Stage) and s.ops for s in lay.steps) and not lay.steps:
             self.emit(3, "pass")
+        if len(lay.par_dims) > 1:
+            self.next_row(3)
+        for name, size, _, _ in self.partials:
+            self.emit(2, f"for j in range({size}):")
+            self.emit(3, f"{name}[c * {size} + j] = col_{name}[j]")
         for op in cols:
             size = math.prod(static_shape(self.graph, op))
             self.emit(1, f"for k in range({size}):")
@@ -294,35 +350,11 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()[0]
 
 
-def cache_dir() -> Path:
-    """Where generated kernels are written (numba caches their machine code beside them)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "fusekit" / "stitch"
-
-
-_LOADED: dict[str, Callable[..., Any]] = {}
-
-
 def compile_source(source: str) -> Callable[..., Any]:
     """Load a generated module and return its ``kernel`` (memoised by source hash)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    if digest in _LOADED:
-        return _LOADED[digest]
-    path = cache_dir() / f"k_{digest}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    name = f"fusekit_stitch_k_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"stitch: cannot load generated kernel {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # numba's cache re-imports the module by name
-    spec.loader.exec_module(module)
-    _LOADED[digest] = module.kernel
-    return _LOADED[digest]
+    module = load_generated(source, "k")
+    kernel: Callable[..., Any] = module.kernel
+    return kernel
 
 
 class CpuKernel:
@@ -341,6 +373,7 @@ class CpuKernel:
         self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
         self._fn: Callable[..., Any] | None = None
+        self._trips: list[int] = []
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
@@ -350,12 +383,14 @@ class CpuKernel:
 
         if self._fn is None:
             self._fn = compile_source(self.source)
-        ins = [values[t].detach().contiguous().reshape(-1).numpy() for t in self.layout.inputs]
-        outs = {
-            t: torch.empty(self.shapes[t], dtype=getattr(torch, self.dtypes[t]))
-            for t in self.layout.outputs
-        }
+            self._trips = [self.layout.extents[d] for d in self.layout.inner_dims]
+        ins = [values[t].detach().contiguous().view(-1).numpy() for t in self.layout.inputs]
+        # numpy allocates, torch wraps without a copy: one allocation per output
+        flat = [np.empty(math.prod(self.shapes[t]), self.dtypes[t]) for t in self.layout.outputs]
         chunks = max(1, min(self.layout.rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
-        self._fn(*ins, *(o.reshape(-1).numpy() for o in outs.values()), *parts, chunks)
-        return outs
+        self._fn(*ins, *flat, *parts, chunks, *self._trips)
+        return {
+            t: torch.from_numpy(a).view(self.shapes[t])
+            for t, a in zip(self.layout.outputs, flat, strict=True)
+        }

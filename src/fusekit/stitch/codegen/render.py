@@ -12,9 +12,15 @@ where the value lives in the kernel::
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
@@ -131,3 +137,37 @@ class Renderer:
 def identity(op: str) -> float:
     """The identity of a reduction."""
     return {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[op]
+
+
+def cache_dir() -> Path:
+    """Where generated kernels are written (numba and Triton cache their code beside them)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "fusekit" / "stitch"
+
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+def load_generated(source: str, prefix: str) -> ModuleType:
+    """Write ``source`` to the cache (named by its hash) and import it, memoised by hash.
+
+    A real file, not ``exec``: numba's cache and ``triton.jit`` both read the defining module.
+    """
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    name = f"fusekit_stitch_{prefix}_{digest}"
+    if name in _MODULES:
+        return _MODULES[name]
+    path = cache_dir() / f"{prefix}_{digest}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"stitch: cannot load generated kernel {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's cache re-imports the module by name
+    spec.loader.exec_module(module)
+    _MODULES[name] = module
+    return module

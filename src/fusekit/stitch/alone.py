@@ -1,0 +1,224 @@
+"""Ops the plan runs alone, by their eager ATen calls rather than by the IR interpreter.
+
+Two fast paths, each with the interpreter as its reference (``reference_group`` in the runner;
+the tests compare them):
+
+- a contraction ``Y[o] = sum_r A[a] * B[b] (+ C[c])`` (a GEMM, BMM or linear layer) runs as
+  ``torch.addmm``/``torch.mm`` (``A[n,l] W[k,l] + b[k]``: ``F.linear``'s own call) or
+  ``torch.matmul`` on permuted views (``A[batch,m,k] B[batch,k,n]``), else ``torch.einsum``;
+- a group of layout ops only (transpose, view, reshape, unsqueeze) becomes a strided view of its
+  source, as eager returns one: the source offset of every output element is computed once per
+  source stride signature and fitted to ``base + sum_d idx_d * stride_d``; a layout that is not
+  such a view (e.g. a reshape of a transposed tensor) is materialised by the stitched kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
+from fusekit.stitch.schemes import Layout
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+def _plain_vars(acc: Access) -> tuple[str, ...] | None:
+    names = [t.name for t in acc.indices if isinstance(t, IVar)]
+    if len(names) != len(acc.indices) or len(set(names)) != len(names):
+        return None
+    return tuple(names)
+
+
+class AtenContraction:
+    """One contraction op run by the ATen call eager would make.
+
+    Args:
+        graph: the graph.
+        name: the op (a contraction of two plain reads, plus an optional plain addend).
+
+    Raises:
+        ValueError: if the op is not of that form (the runner then uses the interpreter).
+    """
+
+    def __init__(self, graph: Graph, name: str) -> None:
+        op = graph.op(name)
+        expr, bias = op.expr, None
+        if isinstance(expr, Bin) and expr.op == "+":
+            left, right = expr.left, expr.right
+            if isinstance(left, Reduce) and isinstance(right, Access):
+                expr, bias = left, right
+            elif isinstance(right, Reduce) and isinstance(left, Access):
+                expr, bias = right, left
+        if not (
+            isinstance(expr, Reduce) and expr.op is ReduceOp.SUM and isinstance(expr.body, Bin)
+            and expr.body.op == "*" and isinstance(expr.body.left, Access)
+            and isinstance(expr.body.right, Access) and not op.accumulate
+        ):  # fmt: skip
+            raise ValueError(f"stitch: {name} is not a sum of a product of two reads")
+        a, b = expr.body.left, expr.body.right
+        va, vb, vo = _plain_vars(a), _plain_vars(b), _plain_vars(op.out)
+        vc = _plain_vars(bias) if bias is not None else ()
+        if va is None or vb is None or vo is None or vc is None:
+            raise ValueError(f"stitch: {name} reads at computed indices")
+        self.name, self.a, self.b = name, a.tensor, b.tensor
+        self.bias = bias.tensor if bias is not None else None
+        self.out_shape = tuple(int(s) for s in graph.tensor(name).shape)
+        reduced = set(expr.vars)
+        letters = {v: chr(ord("a") + i) for i, v in enumerate(dict.fromkeys((*vo, *va, *vb)))}
+        spell = "".join
+        self.spec = (
+            f"{spell(letters[v] for v in va)},{spell(letters[v] for v in vb)}"
+            f"->{spell(letters[v] for v in vo)}"
+        )
+        self.bias_view = self._bias_view(vo, vc) if self.bias is not None else None
+        # linear: A[..., l] W[k, l] (+ b[k]) -> Y[..., k]
+        self.linear = (
+            len(reduced) == 1 and va[-1] in reduced and len(vb) == 2 and vb[1] == va[-1]
+            and vo == (*va[:-1], vb[0]) and vc in ((), (vb[0],))
+        )  # fmt: skip
+        # batched matmul: A[batch.., m, k] B[batch.., k, n] -> Y[batch.., m, n], any storage order
+        self.perm_a = self.perm_b = None
+        if not self.linear and len(reduced) == 1 and len(vo) >= 2:
+            (k,) = reduced
+            batch, m, n = vo[:-2], vo[-2], vo[-1]
+            want_a, want_b = (*batch, m, k), (*batch, k, n)
+            if sorted(va) == sorted(want_a) and sorted(vb) == sorted(want_b):
+                self.perm_a = tuple(va.index(v) for v in want_a)
+                self.perm_b = tuple(vb.index(v) for v in want_b)
+
+    @staticmethod
+    def _bias_view(vo: tuple[str, ...], vc: tuple[str, ...]) -> tuple[tuple[int, ...], bool]:
+        """The addend's broadcast over the output: (dims of ``vo`` it covers, in order?)."""
+        return tuple(vo.index(v) for v in vc), list(vc) == [v for v in vo if v in vc]
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: Y}`` from the values of the operands."""
+        import torch
+
+        a, b = values[self.a], values[self.b]
+        c = values[self.bias] if self.bias is not None else None
+        if self.linear:
+            a2 = a.reshape(-1, a.shape[-1])
+            y = torch.mm(a2, b.t()) if c is None else torch.addmm(c, a2, b.t())
+            return {self.name: y.reshape(self.out_shape)}
+        if self.perm_a is not None and self.perm_b is not None:
+            y = torch.matmul(a.permute(self.perm_a), b.permute(self.perm_b))
+        else:
+            y = torch.einsum(self.spec, a, b)
+        if c is not None:
+            y = y + self._broadcast(c)
+        return {self.name: y.contiguous()}
+
+    def _broadcast(self, c: torch.Tensor) -> torch.Tensor:
+        if self.bias_view is None:
+            raise ValueError(f"stitch: {self.name} has no addend")
+        dims, ordered = self.bias_view
+        if not ordered:
+            c = c.permute(sorted(range(len(dims)), key=lambda i: dims[i]))
+        shape = [1] * len(self.out_shape)
+        for d in sorted(dims):
+            shape[d] = self.out_shape[d]
+        return c.reshape(shape)
+
+
+def _term(t: IndexTerm, grids: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(t, IVar):
+        return grids[t.name]
+    if isinstance(t, IConst):
+        return t.value
+    if isinstance(t, IBin):
+        left, right = _term(t.left, grids), _term(t.right, grids)
+        if t.op == "+":
+            return left + right
+        if t.op == "-":
+            return left - right
+        if t.op == "*":
+            return left * right
+        return left // right if t.op == "/" else left % right
+    raise ValueError(f"stitch: cannot evaluate index term {t!r}")
+
+
+def fit_strides(
+    acc: Access, out_vars: tuple[str, ...], out_shape: tuple[int, ...], src_strides: tuple[int, ...]
+) -> tuple[int, tuple[int, ...]] | None:
+    r"""Storage offset and strides of ``Y[out_vars] = src[acc.indices]`` as a view, or ``None``.
+
+    .. math:: \mathrm{off}(y) = \sum_e t_e(y) s_e = b + \sum_d y_d \sigma_d
+
+    where :math:`t_e` are the read's index terms and :math:`s_e` the source strides; the view
+    exists iff the fitted strides :math:`\sigma_d = \mathrm{off}(e_d) - b` reproduce every
+    offset (checked over all elements, once per stride signature).
+    """
+    import numpy as np
+
+    rank = len(out_vars)
+    grids = {
+        v: np.arange(n, dtype=np.int64).reshape([n if i == j else 1 for j in range(rank)])
+        for i, (v, n) in enumerate(zip(out_vars, out_shape, strict=True))
+    }
+    off = np.zeros(out_shape, dtype=np.int64)
+    for t, s in zip(acc.indices, src_strides, strict=True):
+        off = off + np.asarray(_term(t, grids), dtype=np.int64) * s
+    off = np.broadcast_to(off, out_shape)
+    if off.size == 0:
+        return None
+    base = int(off.reshape(-1)[0])
+    strides = []
+    for d, n in enumerate(out_shape):
+        unit = tuple(1 if (k == d and n > 1) else 0 for k in range(rank))
+        strides.append(int(off[unit]) - base)
+    fitted = np.full(out_shape, base, dtype=np.int64)
+    for d, s in enumerate(strides):
+        fitted = fitted + grids[out_vars[d]] * s
+    return (base, tuple(strides)) if np.array_equal(off, fitted) else None
+
+
+class LayoutViews:
+    """A group of layout ops only, returned as views of its sources (no copy).
+
+    Args:
+        graph: the graph.
+        layout: the group's layout (every computed op a plain read after folding).
+        fallback: the stitched kernel, run when some output is not a strided view.
+
+    Raises:
+        ValueError: if some computed op is not a plain read.
+    """
+
+    def __init__(self, graph: Graph, layout: Layout, fallback: Any) -> None:
+        self.fallback = fallback
+        self.reads: dict[str, tuple[Access, tuple[str, ...], tuple[int, ...]]] = {}
+        for name in layout.outputs:
+            expr, op = layout.exprs.get(name), graph.op(name)
+            vars_ = _plain_vars(op.out)
+            if not isinstance(expr, Access) or vars_ is None or expr.tensor in layout.exprs:
+                raise ValueError(f"stitch: {name} is not a read of a group input")
+            self.reads[name] = (expr, vars_, tuple(int(s) for s in graph.tensor(name).shape))
+        self.memo: dict[tuple[Any, ...], dict[str, tuple[int, tuple[int, ...]]] | None] = {}
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outputs as views of the inputs (or the kernel's copies)."""
+        import torch
+
+        key = tuple(values[a.tensor].stride() for a, _, _ in self.reads.values())
+        if key not in self.memo:
+            fits = {
+                name: fit_strides(acc, vars_, shape, values[acc.tensor].stride())
+                for name, (acc, vars_, shape) in self.reads.items()
+            }
+            ok = all(f is not None for f in fits.values())
+            self.memo[key] = {n: f for n, f in fits.items() if f is not None} if ok else None
+        fitted = self.memo[key]
+        if fitted is None:
+            out: dict[str, torch.Tensor] = self.fallback(values)
+            return out
+        views = {}
+        for name, (acc, _, shape) in self.reads.items():
+            src = values[acc.tensor]
+            base, strides = fitted[name]
+            views[name] = torch.as_strided(src, shape, strides, src.storage_offset() + base)
+        return views

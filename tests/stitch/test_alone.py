@@ -1,0 +1,74 @@
+"""The eager paths of ops run alone (stitch/alone.py) against the IR interpreter."""
+
+import pytest
+import torch
+from torch import nn
+
+from fusekit.ir import capture
+from fusekit.ir.op import Access, IBin, IConst, IVar
+from fusekit.stitch.alone import AtenContraction, fit_strides
+from fusekit.stitch.runner import reference_group
+
+
+class _Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class _Bmm(nn.Module):
+    def forward(self, q, k):
+        return torch.bmm(q, k.transpose(1, 2))
+
+
+class _Einsum(nn.Module):
+    def forward(self, a, b):
+        return torch.einsum("ikj,jkl->ikl", a, b)
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "path"),
+    [
+        (_Linear(), (torch.randn(3, 7, 12),), "linear"),
+        (_Bmm(), (torch.randn(4, 6, 8), torch.randn(4, 5, 8)), "matmul"),
+        (_Einsum(), (torch.randn(3, 4, 5), torch.randn(5, 4, 6)), None),
+    ],
+)
+def test_contraction_matches_interpreter(module, args, path):
+    cap = capture(module.eval(), args)
+    values = {**cap.values(*args)}
+    for op in cap.graph.ops:
+        if op.kind.value != "contraction":
+            values.update(reference_group(cap.graph, [op.name], values))
+            continue
+        fast = AtenContraction(cap.graph, op.name)
+        if path == "linear":
+            assert fast.linear
+        elif path == "matmul":
+            assert fast.perm_a is not None
+        got = fast(values)[op.name]
+        want = reference_group(cap.graph, [op.name], values)[op.name]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # fp32, same BLAS sums
+        values[op.name] = want
+
+
+def test_fit_strides_transpose_and_split():
+    i, j, k = IVar("i"), IVar("j"), IVar("k")
+    # Y[i,j] = X[j,i] of a contiguous X[3,4]: strides (1, 4)
+    assert fit_strides(Access("x", (j, i)), ("i", "j"), (4, 3), (4, 1)) == (0, (1, 4))
+    # Y[i,j,k] = X[i, j*4 + k]: a view of X[2,8]
+    split = IBin("+", IBin("*", j, IConst(4)), k)
+    assert fit_strides(Access("x", (i, split)), ("i", "j", "k"), (2, 2, 4), (8, 1)) == (
+        0,
+        (8, 4, 1),
+    )
+
+
+def test_fit_strides_rejects_reshape_of_transpose():
+    # Y[i,k] = T[i, k/3, k%3] where T[2,4,3] has strides (12, 1, 4) (a transposed storage)
+    i, k = IVar("i"), IVar("k")
+    read = Access("t", (i, IBin("/", k, IConst(3)), IBin("%", k, IConst(3))))
+    assert fit_strides(read, ("i", "k"), (2, 12), (12, 1, 4)) is None
