@@ -104,10 +104,56 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _conv_rows(repeats: int) -> list[dict[str, Any]]:
+    import torch
+
+    from fusekit.data import lidar_scan
+    from fusekit.nn import SparseTensor, SubMConv3d
+
+    scan = lidar_scan()
+    torch.manual_seed(0)
+    x = torch.randn(scan.coords.shape[0], 32)
+    ours = SubMConv3d(32, 32, 3, bias=False)
+    impls: dict[str, Callable[[], torch.Tensor]] = {
+        "fusekit SubMConv3d": lambda: (
+            ours(SparseTensor(x, scan.coords, scan.spatial_shape, 1)).features
+        )
+    }
+    try:
+        import spconv.pytorch as spconv
+    except ImportError:
+        peer = None
+    else:
+        peer = spconv.SubMConv3d(32, 32, 3, bias=False)
+        peer.load_state_dict(ours.state_dict())
+        impls["spconv SubMConv3d"] = lambda: (
+            peer(spconv.SparseConvTensor(x, scan.coords, list(scan.spatial_shape), 1)).features
+        )
+    rows = []
+    with torch.no_grad():
+        expected = impls["fusekit SubMConv3d"]() if peer is None else None
+        if peer is not None:  # spconv's CPU kernels race on several threads: its 1-thread answer
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            expected = impls["spconv SubMConv3d"]()
+            torch.set_num_threads(threads)
+        for name, fn in impls.items():
+            err = float((fn() - expected).abs().max())
+            rows.append(
+                {
+                    "layer": f"SubMConv3d (real scan, {scan.coords.shape[0]} voxels, C=32)",
+                    "impl": name,
+                    "median_s": _median_s(fn, repeats),
+                    "err": err,
+                }
+            )
+    return rows
+
+
 def build(options: TourOptions) -> Section:
     """The nn section: RGCN and MoE layers side by side with PyG and HF Mixtral."""
     repeats = 3 if options.quick else 9
-    records = _rgcn_rows(repeats) + _moe_rows(repeats)
+    records = _rgcn_rows(repeats) + _conv_rows(repeats) + _moe_rows(repeats)
     peers = {r["layer"]: r["median_s"] for r in records if not str(r["impl"]).startswith("fusekit")}
     for r in records:
         r["speedup_over_peer"] = peers[r["layer"]] / r["median_s"] if r["layer"] in peers else None
@@ -125,16 +171,20 @@ def build(options: TourOptions) -> Section:
             for r in records
         ),
         note=(
-            "Peers: torch_geometric's RGCNConv (its relation loop; no pyg-lib), and the expert "
-            "loop of transformers' MixtralExperts on the same routing. Timings on a shared "
-            "machine are noisy; benchmarks/rgcn.py and benchmarks/moe.py give the full runs."
+            "Peers: torch_geometric's RGCNConv (its relation loop; no pyg-lib), spconv 2.3.8's "
+            "CPU SubMConv3d (map built per call for both; compared with its one-thread answer, "
+            "since its CPU kernels race on several threads) and the expert loop of "
+            "transformers' MixtralExperts on the same routing. Timings on a shared machine are "
+            "noisy; benchmarks/rgcn.py, spconv.py and moe.py give the full runs."
         ),
     )
     fused = [r for r in records if str(r["impl"]).startswith("fusekit") and r["speedup_over_peer"]]
     blocks: tuple[Any, ...] = (
         Text(
             "fusekit.nn.RGCNConv takes PyG's parameters (a PyG state_dict loads as it is) and "
-            "runs the whole relation sum as one g-mm-s chosen by the gms selector; fusekit.nn.MoE "
+            "runs the whole relation sum as one g-mm-s chosen by the gms selector; SubMConv3d and "
+            "SparseConv3d take spconv's weights and build their kernel maps with a numba hash; "
+            "fusekit.nn.MoE "
             "runs Mixtral's router and SwiGLU experts over expert segments (swap_mixtral_moe "
             "replaces the blocks of an HF Mixtral model with equal outputs)."
         ),
