@@ -178,13 +178,17 @@ class Program:
         return out
 
 
-def reference(program: Program) -> dict[str, np.ndarray]:
+def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarray]:
     """Evaluate a program densely with numpy (the reference the simulator is checked against).
 
     Sparse semantics: ``mul`` is exact on dense arrays (absent = 0); a statement whose operands
     are sparse and whose combine is not ``mul`` applies only on the stored pattern of the
     union (div: of the left operand), and a ``max`` reduction ranges over stored entries only.
     The pattern of every tensor is tracked as a boolean mask beside its dense values.
+
+    Args:
+        program: the program.
+        with_masks: also return each tensor's pattern as ``"<name>#mask"``.
 
     Returns:
         Every tensor's dense value by name.
@@ -237,6 +241,8 @@ def reference(program: Program) -> dict[str, np.ndarray]:
         perm = [keep.index(v) for v in st.out_vars]
         vals[st.out] = np.ascontiguousarray(np.transpose(np.where(mask, value, 0.0), perm))
         masks[st.out] = np.ascontiguousarray(np.transpose(mask, perm))
+    if with_masks:
+        vals.update({f"{k}#mask": m for k, m in masks.items()})
     return vals
 
 
