@@ -54,7 +54,7 @@ class Machine:
         memory: the memory model, or ``None`` for an ideal memory (no bandwidth or latency cost).
     """
 
-    fifo_depth: int = 1024
+    fifo_depth: int = 4096
     channel_latency_cycles: int = 1
     word_bytes: int = 4
     memory: MemoryModel | None = MemoryModel()

@@ -29,7 +29,7 @@ from fusekit.sparse.candidates import Patterns
 from fusekit.sparse.machine import Machine
 from fusekit.sparse.program import Program, Statement
 from fusekit.sparse.schedule import Schedule
-from fusekit.sparse.simulate import bound_prefix, context_depth
+from fusekit.sparse.simulate import bound_prefix, context_depth, fork_granularity
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,8 @@ def estimate_region(
             continue
         b = len(bound_prefix(orders[cons[0][0].out], cons[0][1], st.out_vars))
         per = [replays[c.out] * nests[c.out].points[context_depth(orders[c.out], a)] / max(nests[st.out].points[b], 1e-9) for c, a in cons]
-        per_binding_out = nests[st.out].out_points / max(nests[st.out].points[b], 1e-9)
+        g = min(max(b, fork_granularity(st, orders[st.out], cons)), len(nests[st.out].points) - 1)
+        per_binding_out = nests[st.out].out_points / max(nests[st.out].points[g], 1e-9)
         replays[st.out] = max(per) if len(per) > 1 and per_binding_out <= machine.fifo_depth else sum(per)
         lane_depth[st.out] = 0 if any(lane_depth[c.out] < context_depth(orders[c.out], a) for c, a in cons) else 10**9
     busiest, flops, mem_tokens = 0.0, 0.0, 0.0

@@ -181,9 +181,10 @@ class Program:
 def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarray]:
     """Evaluate a program densely with numpy (the reference the simulator is checked against).
 
-    Sparse semantics: ``mul`` is exact on dense arrays (absent = 0); a statement whose operands
-    are sparse and whose combine is not ``mul`` applies only on the stored pattern of the
-    union (div: of the left operand), and a ``max`` reduction ranges over stored entries only.
+    Sparse semantics: ``mul`` is exact on dense arrays (absent = 0); a statement whose combine
+    is not ``mul`` applies only on the union of its *sparse* operands' patterns (a dense operand
+    is read where the sparse ones are and never widens the pattern; div: the left operand's),
+    and a ``max`` reduction ranges over stored entries only.
     The pattern of every tensor is tracked as a boolean mask beside its dense values.
 
     Args:
@@ -222,7 +223,13 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
                 value, mask = value * v2, mask & m2
         else:
             (a, ma), (b, mb) = ops
-            mask = ma if st.combine == "div" else (ma | mb)
+            full_a, full_b = bool(ma.all()), bool(mb.all())
+            if st.combine == "div" or (full_b and not full_a):
+                mask = ma
+            elif full_a and not full_b:
+                mask = mb
+            else:
+                mask = ma | mb
             with np.errstate(divide="ignore", invalid="ignore"):
                 value = np.where(mask, BINARY[st.combine](a, b), 0.0)
         full_shape = np.broadcast_shapes(*(o[0].shape for o in ops))

@@ -665,7 +665,8 @@ def simulate_region(
             per_consumer.append(base)
             if replicated[cons.out] <= d:
                 rep = 0
-        base = _fork_or_replay(tr, b, per_consumer, machine.fifo_depth)
+        g = fork_granularity(st, orders[st.out], consumers[st.out])
+        base = _fork_or_replay(tr, b, g, per_consumer, machine.fifo_depth)
         replicated[st.out] = rep
         weights[st.out] = tr.weights(b, base)
     # primitives
@@ -688,14 +689,34 @@ def simulate_region(
     return _region_cycles(statements, traces, prims, machine, names)
 
 
-def _fork_or_replay(tr: Trace, b: int, per_consumer: list[np.ndarray], fifo_depth: int) -> np.ndarray:
-    """Replays of a producer's streams, per binding of its context.
+def fork_granularity(producer: Statement, producer_order: tuple[str, ...], consumers: list[tuple[Statement, tuple[str, ...]]]) -> int:
+    """How many leading variables of a producer's order a forked stream must buffer under.
+
+    A consumer's values are final once it has seen one binding of the leading producer
+    variables that are its own output variables (a reduction consumer finishes a row when its
+    reduced variables are exhausted); the consumer that waits for another's result buffers the
+    producer's output for one binding of the coarsest such prefix.
+    """
+    depth = len(producer_order)
+    for cons, access in consumers:
+        rename = dict(zip(producer.out_vars, access, strict=True))
+        g = 0
+        for v in producer_order:
+            if v not in rename or rename[v] not in cons.out_vars:
+                break
+            g += 1
+        depth = min(depth, g)
+    return depth
+
+
+def _fork_or_replay(tr: Trace, b: int, g: int, per_consumer: list[np.ndarray], fifo_depth: int) -> np.ndarray:
+    """Replays of a producer's streams, per binding of its context (depth ``b``).
 
     One consumer: its context count. Several consumers binding the same context: the stream
     forks (runs once per context, as often as the most demanding consumer asks) where the
-    producer's output for one binding fits in a FIFO (``fifo_depth`` tokens), so that the
-    consumer that waits for the other's reduction can buffer it; elsewhere it is replayed once
-    per consumer.
+    producer's output for one binding of its first ``g`` variables (see
+    :func:`fork_granularity`) fits in a FIFO of ``fifo_depth`` tokens, so that the consumer
+    waiting for another's reduction can buffer it; elsewhere it is replayed once per consumer.
     """
     if len(per_consumer) == 1:
         return per_consumer[0]
@@ -703,9 +724,15 @@ def _fork_or_replay(tr: Trace, b: int, per_consumer: list[np.ndarray], fifo_dept
     most = np.max(per_consumer, axis=0)
     writer = next(p for p in tr.prims if p.kind == "writer")
     tokens = writer.counts
-    for t in range(writer.depth, b, -1):
+    g = max(b, min(g, writer.depth))
+    for t in range(writer.depth, g, -1):
         tokens = np.bincount(tr.parents[t], weights=tokens, minlength=len(tr.parents[t - 1]) if t - 1 > 0 else 1)
-    fits = tokens <= fifo_depth
+    worst = tokens
+    for t in range(g, b, -1):
+        up = np.zeros(len(tr.parents[t - 1]) if t - 1 > 0 else 1)
+        np.maximum.at(up, tr.parents[t], worst)
+        worst = up
+    fits = worst <= fifo_depth
     return np.where(fits[None, :], most, total)
 
 
