@@ -201,17 +201,23 @@ def evaluate(
                 o.pos = o.pos[owner]
         new_crds = {u: c[owner] for u, c in crds[-1].items()}
         new_crds[v] = crd
-        for o in ops:
-            if o.is_located or (o.level < len(o.level_vars) and o.level_vars[o.level] == v):
+        for o, before in zip(ops, levels_before, strict=True):
+            if o.level != before:
                 continue
-            prims.append(Prim(f"repeat {o.name}.{v}", "repeater", t - 1, _per_parent(owner, n), False, v))
+            kind = "locate" if o.is_located and v in o.vars else "repeat"
+            prims.append(Prim(f"{kind} {o.name}.{v}", f"{kind[:-1]}or" if kind == "locate" else "repeater", t - 1, _per_parent(owner, n), False, v))
         if v in drops:
             prims.append(Prim(f"drop {v}", "dropper", t - 1, _per_parent(owner, n), False, v))
         crds.append(new_crds)
         parents.append(owner)
         n = len(owner)
     tail = order[tail_start:]
-    value, group_point = _values(st, ops, tail, crds[-1], extents, n, prims, tail_start, order)
+    value, group_point = _values(st, ops, tail, crds[-1], extents, n, prims, tail_start, order, parents)
+    first_reduce = min((order.index(v) for v in st.reduce_vars), default=len(order))
+    for t, v in enumerate(order[:tail_start], start=1):
+        if v in st.out_vars and t - 1 < first_reduce:
+            n_parent = 1 if t == 1 else len(parents[t - 1])
+            prims.append(Prim(f"write {st.out}.{v}", "writer", t - 1, _per_parent(parents[t], n_parent), True, v))
     return Trace(st, order, crds, parents, prims, value, group_point, tail)
 
 
@@ -256,6 +262,7 @@ def _expand_level(
             if not o.is_located and o.level < len(o.level_vars) and o.level_vars[o.level] == v:
                 o.pos = np.where(o.pos[owner] >= 0, o.pos[owner] * extent + crd, -1)
                 o.level += 1
+                prims.append(Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v))
         return owner, crd
     keys = [f[0] * extent + f[1] for f in fibers]
     if len(fibers) == 1:
@@ -331,20 +338,29 @@ def _values(
     prims: list[Prim],
     depth: int,
     order: tuple[str, ...],
+    parents: list[np.ndarray],
 ) -> tuple[SparseTensor, np.ndarray]:
-    """Read, combine, reduce and write the values; record the value primitives."""
+    """Read, combine, reduce and write the values; record the value primitives.
+
+    Value streams carry the innermost level's stops: with a regular tail they are counted per
+    point in closed form, otherwise per parent fiber (its children plus one stop).
+    """
     tail_ext = [extents[v] for v in tail]
-    inner = np.full(n, _tail_counts(tail_ext))
+    if tail_ext or depth == 0:
+        vdepth, inner = depth, np.full(n, _tail_counts(tail_ext))
+    else:
+        vdepth = depth - 1
+        inner = _per_parent(parents[depth], 1 if depth == 1 else len(parents[depth - 1]))
     for k, v in enumerate(tail):
         per = _tail_counts(tail_ext[: k + 1])
         for o in ops:
-            kind = "locator" if v in o.vars else "repeater"
-            prims.append(Prim(f"{kind} {o.name}.{v}", kind, depth, np.full(n, per), False, v))
+            kind = "locate" if v in o.vars else "repeat"
+            prims.append(Prim(f"{kind} {o.name}.{v}", "locator" if v in o.vars else "repeater", depth, np.full(n, per), False, v))
         prims.append(Prim(f"iterate {v}", "iterator", depth, np.full(n, per), False, v))
     for o in ops:
-        prims.append(Prim(f"array {o.name}", "array", depth, inner, o.stored))
+        prims.append(Prim(f"array {o.name}", "array", vdepth, inner, o.stored))
     for k in range(len(ops) - 1):
-        prims.append(Prim(f"alu {st.combine} {k}", "alu", depth, inner, False))
+        prims.append(Prim(f"alu {st.combine} {k}", "alu", vdepth, inner, False))
     tail_red = [v for v in tail if v not in st.out_vars]
     head_out = [v for v in order[: len(order) - len(tail)] if v in st.out_vars]
     tail_out = [v for v in tail if v in st.out_vars]
@@ -380,11 +396,11 @@ def _values(
     n_out = np.bincount(group_point, minlength=n).astype(np.float64) * (np.prod(out_tail_shape) if out_tail_shape else 1)
     if st.reduce_vars:
         kind = "reducer" if trailing else "spacc"
-        prims.append(Prim(f"{kind} {st.reduce}", kind, depth, inner + (0 if trailing else n_out), False))
+        prims.append(Prim(f"{kind} {st.reduce}", kind, vdepth, inner, False))
     if st.epilogue:
         prims.append(Prim(f"alu {st.epilogue}", "alu", depth, n_out, False))
         grouped = UNARY[st.epilogue](grouped)
-    prims.append(Prim(f"write {st.out}", "writer", depth, n_out + n_out / max(out_tail_shape[-1] if out_tail_shape else 1, 1), True))
+    prims.append(Prim(f"write {st.out}", "writer", depth, n_out, True))
     coords_head = np.stack(np.unravel_index(uniq, tuple(extents[v] for v in head_out)), axis=1) if head_out else np.zeros((len(uniq), 0), np.int64)
     value = _build_output(st, head_out, tail_out, coords_head, grouped, extents)
     return value, group_point

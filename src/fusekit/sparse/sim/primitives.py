@@ -131,29 +131,6 @@ class LevelScanner(Primitive):
         self.emit("ref", tok, now)
 
 
-class Locator(Primitive):
-    """A dense level indexed by a coordinate: ``ref * size + crd`` (no scan)."""
-
-    kind = "locator"
-
-    def __init__(self, name: str, size: int, ref: Channel, crd: Channel) -> None:
-        super().__init__(name, {"ref": ref, "crd": crd}, ("ref",))
-        self.size = size
-
-    def _fire(self, now: int) -> bool:
-        r, c = self.peek("ref", now), self.peek("crd", now)
-        if r is None or c is None or not self.ready("ref"):
-            return False
-        self.pop("ref")
-        self.pop("crd")
-        if is_data(c):
-            self.emit("ref", EMPTY if r is EMPTY else int(r) * self.size + int(c), now)  # type: ignore[arg-type]
-        else:
-            self.emit("ref", c, now)
-            self.done = c is DONE
-        return True
-
-
 class Repeater(Primitive):
     """Repeats each reference once per coordinate of the matching fiber of ``repsig``."""
 
@@ -185,6 +162,28 @@ class Repeater(Primitive):
             self.emit("ref", DONE, now)
             self.done = True
         return True
+
+
+class Locator(Repeater):
+    """A dense level indexed by coordinates: repeats the parent reference per coordinate of
+    ``repsig`` and sends ``ref * size + crd`` (no scan of the level)."""
+
+    kind = "locator"
+
+    def __init__(self, name: str, size: int, ref: Channel, repsig: Channel) -> None:
+        super().__init__(name, ref, repsig)
+        self.size = size
+
+    def emit(self, port: str, token: Token, now: int) -> None:
+        """Send the located position instead of the parent reference."""
+        if is_data(token) and token is not EMPTY and self._coord is not None:
+            token = int(token) * self.size + self._coord  # type: ignore[arg-type]
+        super().emit(port, token, now)
+
+    def _fire(self, now: int) -> bool:
+        sig = self.peek("repsig", now)
+        self._coord = int(sig) if sig is not None and is_data(sig) and sig is not EMPTY else None  # type: ignore[arg-type]
+        return super()._fire(now)
 
 
 class Joiner(Primitive):
