@@ -165,7 +165,7 @@ def estimate_region(
         cons = consumers[st.out]
         if not cons:
             replays[st.out] = 1.0
-            lane_depth[st.out] = par[0] if par else 10**9
+            lane_depth[st.out] = par[0] + 1 if par else 10**9
             continue
         b = len(bound_prefix(orders[cons[0][0].out], cons[0][1], st.out_vars))
         per = [replays[c.out] * nests[c.out].points[context_depth(orders[c.out], a)] / max(nests[st.out].points[b], 1e-9) for c, a in cons]

@@ -621,6 +621,9 @@ def simulate_region(
                         )
                     )
     lanes = par[1] if par else 1
+    for st in statements:
+        if par and not consumers[st.out] and par[0] in orders[st.out]:
+            materialise[st.out] = max(materialise[st.out], orders[st.out].index(par[0]) + 1)
     traces: dict[str, Trace] = {}
     for st in statements:
         tensors = {o.tensor: _stored_value(values[o.tensor]) for o in st.operands}
@@ -645,7 +648,7 @@ def simulate_region(
                     base_t = np.zeros((lanes, len(lane)))
                     base_t[lane, np.arange(len(lane))] = w[t_v][0]
                     full = tr.weights(t_v, base_t)
-                    full[:t_v] = [np.repeat(x.sum(axis=0, keepdims=True) / lanes, lanes, axis=0) for x in full[:t_v]]
+                    full[:t_v] = [np.repeat(x / lanes, lanes, axis=0) for x in w[:t_v]]
                     weights[st.out] = full
                     replicated[st.out] = split
                     continue
