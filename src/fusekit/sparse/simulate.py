@@ -397,7 +397,9 @@ def _values(
     if st.reduce_vars:
         kind = "reducer" if trailing else "spacc"
         prims.append(Prim(f"{kind} {st.reduce}", kind, vdepth, inner, False))
-    if st.epilogue:
+    if st.epilogue and not st.reduce_vars:  # a map: the epilogue sees the value stream
+        prims.append(Prim(f"alu {st.epilogue}", "alu", vdepth, inner, False))
+    elif st.epilogue:
         prims.append(Prim(f"alu {st.epilogue}", "alu", depth, n_out, False))
         grouped = UNARY[st.epilogue](grouped)
     prims.append(Prim(f"write {st.out}", "writer", depth, n_out, True))
