@@ -401,6 +401,7 @@ def _values(
         prims.append(Prim(f"alu {st.epilogue}", "alu", vdepth, inner, False))
     elif st.epilogue:
         prims.append(Prim(f"alu {st.epilogue}", "alu", depth, n_out, False))
+    if st.epilogue:
         grouped = UNARY[st.epilogue](grouped)
     prims.append(Prim(f"write {st.out}", "writer", depth, n_out, True))
     coords_head = np.stack(np.unravel_index(uniq, tuple(extents[v] for v in head_out)), axis=1) if head_out else np.zeros((len(uniq), 0), np.int64)
