@@ -83,9 +83,13 @@ def unify(program: Program, region: tuple[str, ...], orders: dict[str, tuple[str
         rename[st.out] = mapping
         d = context_depth(orders[c.out], access.vars)
         anchor = rename[c.out][orders[c.out][d - 1]]
-        at = rows.index(anchor) + 1
-        new = [mapping[v] for v in orders[st.out] if mapping[v] not in rows]
-        rows[at:at] = new
+        cursor = rows.index(anchor) + 1
+        for v in orders[st.out]:  # the producer's new variables, in its order, after its context
+            if mapping[v] in rows:
+                cursor = max(cursor, rows.index(mapping[v]) + 1)
+            else:
+                rows.insert(cursor, mapping[v])
+                cursor += 1
     del names
     return rename, rows
 
