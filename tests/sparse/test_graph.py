@@ -20,9 +20,15 @@ INPUTS = {
     "B": from_dense("B", B),
     "Bt": from_dense("Bt", B.T.copy()),
 }
-SPMM = Statement("C", ("i", "j"), (Operand("A", ("i", "k")), Operand("B", ("k", "j"))), "mul", "sum")
-SDDMM = Statement("C", ("i", "j"), (Operand("A", ("i", "k")), Operand("A2", ("j", "k"))), "mul", "sum")
-ADD = Statement("C", ("i", "k"), (Operand("A", ("i", "k")), Operand("A2", ("i", "k"))), "add", None, "relu")
+SPMM = Statement(
+    "C", ("i", "j"), (Operand("A", ("i", "k")), Operand("B", ("k", "j"))), "mul", "sum"
+)
+SDDMM = Statement(
+    "C", ("i", "j"), (Operand("A", ("i", "k")), Operand("A2", ("j", "k"))), "mul", "sum"
+)
+ADD = Statement(
+    "C", ("i", "k"), (Operand("A", ("i", "k")), Operand("A2", ("i", "k"))), "add", None, "relu"
+)
 CASES = [
     (SPMM, ("i", "k", "j")),  # Gustavson: sparse accumulator
     (SPMM, ("i", "j", "k")),  # inner product: reducer
@@ -41,7 +47,9 @@ def test_fast_simulator_matches_reference_machine(st: Statement, order: tuple[st
     np.testing.assert_allclose(values["C"].to_dense(), reference(program)["C"], atol=1e-12)
     stored, streamed = values["C"].values, np.array(tokens.values)
     # without a coordinate dropper the machine streams a 0 for every empty intersection
-    np.testing.assert_allclose(np.sort(streamed[streamed != 0]), np.sort(stored[stored != 0]), atol=1e-12)
+    np.testing.assert_allclose(
+        np.sort(streamed[streamed != 0]), np.sort(stored[stored != 0]), atol=1e-12
+    )
     # token counts: every level and value primitive sends what the fast simulator counts
     counts = {p.name: p.tokens for p in fast.prims}
     for name, sent in tokens.tokens.items():

@@ -13,7 +13,10 @@ from fusekit.sparse.workloads import autoencoder, bigbird, gcn
 
 GCN_ORDERS = {
     "unfused": ({"XW1": "lnm", "H1": "inl", "XW2": "lcn", "Y": "icl"}, ()),
-    "partial": ({"XW1": "nlm", "H1": "nli", "XW2": "cln", "Y": "cli"}, (("H1", "A", (1, 0)), ("Y", "A", (1, 0)))),
+    "partial": (
+        {"XW1": "nlm", "H1": "nli", "XW2": "cln", "Y": "cli"},
+        (("H1", "A", (1, 0)), ("Y", "A", (1, 0))),
+    ),
     "full": ({"XW1": "lnm", "H1": "iln", "XW2": "lnc", "Y": "lci"}, (("Y", "A", (1, 0)),)),
 }
 
@@ -26,7 +29,11 @@ def cora() -> tuple:  # type: ignore[type-arg]
 
 def _schedule(w, cut: str) -> Schedule:  # type: ignore[no-untyped-def]
     orders, storage = GCN_ORDERS[cut]
-    regions = {"unfused": tuple((s.out,) for s in w.program.statements), "partial": w.layers, "full": (tuple(s.out for s in w.program.statements),)}[cut]
+    regions = {
+        "unfused": tuple((s.out,) for s in w.program.statements),
+        "partial": w.layers,
+        "full": (tuple(s.out for s in w.program.statements),),
+    }[cut]
     return Schedule(cut, regions, tuple((k, tuple(v)) for k, v in orders.items()), storage)
 
 
@@ -50,11 +57,19 @@ def test_parallel_factor_divides_cycles(cora) -> None:  # type: ignore[no-untype
 def test_bigbird_full_fusion_is_fastest_and_exact() -> None:
     w = bigbird(tokens=128, block=16)
     expected = reference(w.program)["O"]
-    orders = {"S": ("I", "ii", "J", "jj", "d"), "Mx": ("I", "ii", "J", "jj"), "E": ("I", "ii", "J", "jj"),
-              "Z": ("I", "ii", "J", "jj"), "P": ("I", "ii", "J", "jj"), "O": ("I", "ii", "J", "jj", "d")}  # fmt: skip
+    orders = {
+        "S": ("I", "ii", "J", "jj", "d"),
+        "Mx": ("I", "ii", "J", "jj"),
+        "E": ("I", "ii", "J", "jj"),
+        "Z": ("I", "ii", "J", "jj"),
+        "P": ("I", "ii", "J", "jj"),
+        "O": ("I", "ii", "J", "jj", "d"),
+    }
     names = tuple(orders)
     full = Schedule("full", (names,), tuple(orders.items()), (("S", "M", (0, 2, 1, 3)),))
-    unfused = Schedule("unfused", tuple((n,) for n in names), tuple(orders.items()), (("S", "M", (0, 2, 1, 3)),))
+    unfused = Schedule(
+        "unfused", tuple((n,) for n in names), tuple(orders.items()), (("S", "M", (0, 2, 1, 3)),)
+    )
     rf, ru = simulate(w.program, full), simulate(w.program, unfused)
     for r in (rf, ru):
         np.testing.assert_allclose(r.outputs["O"], expected, rtol=1e-9, atol=1e-12)

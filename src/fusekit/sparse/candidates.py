@@ -1,4 +1,4 @@
-"""The schedule space of a sparse program: cuts × dataflow orders × storage orders × parallelism.
+"""The schedule space of a sparse program: cuts x dataflow orders x storage orders x parallelism.
 
 * **Region cuts**: ``unfused`` (every statement alone), ``partial`` (one region per layer),
   ``full`` (one region).
@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,12 +72,14 @@ def storage_choices(t: SparseTensor) -> list[tuple[int, ...]]:
     return [t.order]
 
 
-def _storage_ok(st: Statement, order: tuple[str, ...], tensor_vars: dict[str, tuple[str, ...]]) -> bool:
+def _storage_ok(
+    st: Statement, order: tuple[str, ...], tensor_vars: dict[str, tuple[int, ...]]
+) -> bool:
     for o in st.operands:
         levels = tensor_vars.get(o.tensor)
         if levels is None:
             continue
-        by_dim = [o.vars[d] for d in levels]  # type: ignore[index]
+        by_dim = [o.vars[d] for d in levels]
         ranks = [order.index(v) for v in by_dim]
         if ranks != sorted(ranks):
             return False
@@ -101,19 +103,28 @@ def region_options(
         limit: stop after this many.
     """
     sts = [st for st in program.statements if st.out in region]
-    consumers = {st.out: [(c, o.vars) for c in sts for o in c.operands if o.tensor == st.out] for st in sts}
+    consumers = {
+        st.out: [(c, o.vars) for c in sts for o in c.operands if o.tensor == st.out] for st in sts
+    }
     out: list[tuple[dict[str, tuple[str, ...]], tuple[tuple[str, str, tuple[int, ...]], ...]]] = []
 
-    def options(st: Statement, chosen: dict[str, tuple[str, ...]]) -> Iterator[tuple[tuple[str, ...], tuple[tuple[str, str, tuple[int, ...]], ...]]]:
-        stored = [o.tensor for o in st.operands if o.tensor in patterns.sparse and o.tensor not in region]
+    def options(
+        st: Statement, chosen: dict[str, tuple[str, ...]]
+    ) -> Iterator[tuple[tuple[str, ...], tuple[tuple[str, str, tuple[int, ...]], ...]]]:
+        stored = [
+            o.tensor for o in st.operands if o.tensor in patterns.sparse and o.tensor not in region
+        ]
         stored = list(dict.fromkeys(stored))
         choices = [
-            storage_choices(program.inputs[t]) if t in program.inputs else [stored_order[t]] for t in stored
+            storage_choices(program.inputs[t]) if t in program.inputs else [stored_order[t]]
+            for t in stored
         ]
         for combo in itertools.product(*choices):
             tensor_vars = dict(zip(stored, combo, strict=True))
             restore = tuple(
-                (st.out, t, m) for t, m in tensor_vars.items() if t in program.inputs and m != program.inputs[t].order
+                (st.out, t, m)
+                for t, m in tensor_vars.items()
+                if t in program.inputs and m != program.inputs[t].order
             )
             for order in itertools.permutations(st.vars):
                 if not _storage_ok(st, order, tensor_vars):
@@ -125,7 +136,11 @@ def region_options(
                     continue
                 yield order, restore
 
-    def dfs(k: int, chosen: dict[str, tuple[str, ...]], restore: tuple[tuple[str, str, tuple[int, ...]], ...]) -> None:
+    def dfs(
+        k: int,
+        chosen: dict[str, tuple[str, ...]],
+        restore: tuple[tuple[str, str, tuple[int, ...]], ...],
+    ) -> None:
         if len(out) >= limit:
             return
         if k < 0:
@@ -151,11 +166,23 @@ def context(consumer_order: tuple[str, ...], access: tuple[str, ...]) -> int:
     return context_depth(consumer_order, access)
 
 
+#: Scores one region's option: ``(region, orders, storage, stored mode orders) -> cycles``.
+RankRegion = Callable[
+    [
+        tuple[str, ...],
+        dict[str, tuple[str, ...]],
+        tuple[tuple[str, str, tuple[int, ...]], ...],
+        dict[str, tuple[int, ...]],
+    ],
+    float,
+]
+
+
 def enumerate_schedules(
     workload: Workload,
     cuts: tuple[str, ...] = CUTS,
     par: tuple[int, int] | None = None,
-    rank_region: object = None,
+    rank_region: RankRegion | None = None,
     per_region: int = 3,
     limit: int = 400,
 ) -> list[Schedule]:
@@ -173,15 +200,24 @@ def enumerate_schedules(
     schedules: list[Schedule] = []
     for cut in cuts:
         regions = regions_of(workload, cut)
-        partial: list[tuple[dict[str, tuple[str, ...]], tuple[tuple[str, str, tuple[int, ...]], ...], dict[str, tuple[int, ...]]]] = [
-            ({}, (), {n: t.order for n, t in program.inputs.items()})
-        ]
+        partial: list[
+            tuple[
+                dict[str, tuple[str, ...]],
+                tuple[tuple[str, str, tuple[int, ...]], ...],
+                dict[str, tuple[int, ...]],
+            ]
+        ] = [({}, (), {n: t.order for n, t in program.inputs.items()})]
         for region in regions:
             grown = []
             for orders, storage, stored in partial:
                 opts = region_options(program, region, patterns, stored, limit)
                 if rank_region is not None and len(regions) > 1:
-                    opts = sorted(opts, key=lambda o: rank_region(region, {**orders, **o[0]}, storage + o[1], stored))  # type: ignore[operator]
+                    opts = sorted(
+                        opts,
+                        key=lambda o: rank_region(
+                            region, {**orders, **o[0]}, storage + o[1], stored
+                        ),
+                    )
                     opts = opts[:per_region]
                 elif len(regions) > 1:
                     opts = opts[:per_region]

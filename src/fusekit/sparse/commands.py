@@ -55,28 +55,55 @@ def simulate(
 
     w = by_name(workload, quick=quick)
     start = time.perf_counter()
-    ex = explore(w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=_par(par_level, par_factor))
+    ex = explore(
+        w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=_par(par_level, par_factor)
+    )
     best = ex.best(cut)
     wall_s = time.perf_counter() - start
     assert best.result is not None
     r = best.result
-    regions = [
-        {"statements": list(g.statements), "cycles": g.cycles, "compute_cycles": g.compute_cycles,
-         "memory_cycles": g.memory_cycles, "fill_cycles": g.fill_cycles, "flops": g.flops}
+    regions: list[dict[str, Any]] = [
+        {
+            "statements": list(g.statements),
+            "cycles": g.cycles,
+            "compute_cycles": g.compute_cycles,
+            "memory_cycles": g.memory_cycles,
+            "fill_cycles": g.fill_cycles,
+            "flops": g.flops,
+        }
         for g in r.regions
-    ]  # fmt: skip
+    ]
     if json:
-        print_json({"workload": w.name, "schedule": best.schedule.label(), "cycles": r.cycles,
-                    "flops": r.flops, "memory_bytes": r.memory_bytes, "correct": best.correct,
-                    "estimate_cycles": best.estimate.cycles, "regions": regions, "wall_s": wall_s,
-                    "notes": w.notes})  # fmt: skip
+        print_json(
+            {
+                "workload": w.name,
+                "schedule": best.schedule.label(),
+                "cycles": r.cycles,
+                "flops": r.flops,
+                "memory_bytes": r.memory_bytes,
+                "correct": best.correct,
+                "estimate_cycles": best.estimate.cycles,
+                "regions": regions,
+                "wall_s": wall_s,
+                "notes": w.notes,
+            }
+        )
         return
     print_table(
         f"{w.name}, {best.schedule.label()}: {r.cycles:,.0f} cycles, {r.flops:,.0f} ops, "
         f"outputs {'equal' if best.correct else 'DIFFER from'} the reference ({wall_s:.1f} s)",
         ("region", "cycles", "compute", "memory", "fill", "ops"),
-        [(",".join(g["statements"]), g["cycles"], g["compute_cycles"], g["memory_cycles"],
-          g["fill_cycles"], g["flops"]) for g in regions],  # fmt: skip
+        [
+            (
+                ",".join(g["statements"]),
+                g["cycles"],
+                g["compute_cycles"],
+                g["memory_cycles"],
+                g["fill_cycles"],
+                g["flops"],
+            )
+            for g in regions
+        ],
     )
     for k, g in enumerate(r.regions):
         busiest = sorted(g.prims, key=lambda p: -p.busy_cycles)[:8]
@@ -99,7 +126,9 @@ def explore(
     par_factor: Annotated[int, typer.Option(help="Lanes at that level (1: none).")] = 1,
     fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO.")] = 4096,
     memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
-    plot: Annotated[Path | None, typer.Option(help="Write a plot (PNG) of the explored schedules.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a plot (PNG) of the explored schedules.")
+    ] = None,
     quick: Annotated[bool, typer.Option(help="Smaller BigBird (256 tokens).")] = False,
     json: JsonOption = False,
 ) -> None:
@@ -115,29 +144,55 @@ def explore(
     if plot is not None:
         plot_exploration(plot, ex)
     rows = [
-        {"schedule": p.schedule.label(), "cut": p.schedule.cut, "cycles": p.result.cycles,
-         "estimate_cycles": p.estimate.cycles, "flops": p.result.flops, "correct": p.correct}
-        for p in sims if p.result is not None
-    ]  # fmt: skip
+        {
+            "schedule": p.schedule.label(),
+            "cut": p.schedule.cut,
+            "cycles": p.result.cycles,
+            "estimate_cycles": p.estimate.cycles,
+            "flops": p.result.flops,
+            "correct": p.correct,
+        }
+        for p in sims
+        if p.result is not None
+    ]
     if json:
-        print_json({"workload": w.name, "candidates": ex.candidates, "simulated": rows,
-                    "estimator_rank_of_best": ex.estimator_rank_of_best(), "wall_s": wall_s,
-                    "notes": w.notes})  # fmt: skip
+        print_json(
+            {
+                "workload": w.name,
+                "candidates": ex.candidates,
+                "simulated": rows,
+                "estimator_rank_of_best": ex.estimator_rank_of_best(),
+                "wall_s": wall_s,
+                "notes": w.notes,
+            }
+        )
         return
     print_table(
         f"{w.name}: {ex.candidates} schedules, {len(sims)} simulated ({wall_s:.1f} s); the best "
         f"simulated is #{ex.estimator_rank_of_best()} by estimate",
         ("schedule", "cycles", "estimate", "ops", "correct"),
-        [(r["schedule"], r["cycles"], r["estimate_cycles"], r["flops"], r["correct"]) for r in rows],
+        [
+            (r["schedule"], r["cycles"], r["estimate_cycles"], r["flops"], r["correct"])
+            for r in rows
+        ],
     )
     unfused = ex.best("unfused").result
-    if unfused is not None:
+    best = {c: ex.best(c).result for c in ("unfused", "partial", "full")}
+    if unfused is not None and all(r is not None for r in best.values()):
         print_table(
             "Best per cut",
             ("cut", "cycles", "speedup vs unfused", "ops vs unfused"),
-            [(c, ex.best(c).result.cycles, unfused.cycles / ex.best(c).result.cycles,  # type: ignore[union-attr]
-              ex.best(c).result.flops / unfused.flops) for c in ("unfused", "partial", "full")],  # type: ignore[union-attr]
-        )  # fmt: skip
+            [
+                (
+                    c,
+                    r.cycles,
+                    unfused.cycles / r.cycles,
+                    r.flops / unfused.flops,
+                )
+                for c, r in best.items()
+                if r is not None
+            ],
+        )
     if w.notes:
         print(w.notes)
 
@@ -157,7 +212,9 @@ def plot_exploration(path: Path, ex: Any) -> None:
     a.set_title(ex.workload)
     for c, marker in zip(cuts, "os^", strict=True):
         pts = [p for p in ex.simulated if p.schedule.cut == c]
-        b.scatter([p.estimate.cycles for p in pts], [p.result.cycles for p in pts], marker=marker, label=c)
+        b.scatter(
+            [p.estimate.cycles for p in pts], [p.result.cycles for p in pts], marker=marker, label=c
+        )
     b.set_xscale("log")
     b.set_yscale("log")
     b.set_xlabel("estimated cycles")

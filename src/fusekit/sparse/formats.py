@@ -184,7 +184,9 @@ def check(t: SparseTensor) -> None:
         at = f"{where} level {lvl}"
         if level.size != t.shape[t.order[lvl]]:
             raise ValueError(
-                expected(at, "size", f"dimension {t.order[lvl]} = {t.shape[t.order[lvl]]}", level.size)
+                expected(
+                    at, "size", f"dimension {t.order[lvl]} = {t.shape[t.order[lvl]]}", level.size
+                )
             )
         if level.kind is LevelKind.COMPRESSED:
             _check_segments(at, level, n_parent)
@@ -192,7 +194,9 @@ def check(t: SparseTensor) -> None:
             _check_coordinates(at, level, n_parent)
         n_parent = level.positions(n_parent)
     if t.values.ndim != 1 or len(t.values) != n_parent:
-        raise ValueError(expected(where, "values", f"{n_parent} values, one per position", t.values.shape))
+        raise ValueError(
+            expected(where, "values", f"{n_parent} values, one per position", t.values.shape)
+        )
 
 
 def _check_segments(at: str, level: StoredLevel, n_parent: int) -> None:
@@ -203,7 +207,14 @@ def _check_segments(at: str, level: StoredLevel, n_parent: int) -> None:
         raise ValueError(expected(at, "seg", f"{n_parent + 1} offsets", seg.shape))
     if seg[0] != 0 or np.any(np.diff(seg) < 0):
         bad = int(np.argmax(np.diff(seg) < 0)) if seg[0] == 0 else 0
-        raise ValueError(expected(at, "seg", "non-decreasing from 0", f"seg[{bad}:{bad + 2}]={seg[bad:bad + 2].tolist()}"))
+        raise ValueError(
+            expected(
+                at,
+                "seg",
+                "non-decreasing from 0",
+                f"seg[{bad}:{bad + 2}]={seg[bad : bad + 2].tolist()}",
+            )
+        )
     if seg[-1] != len(level.crd):
         raise ValueError(expected(at, "seg[-1]", f"len(crd) = {len(level.crd)}", int(seg[-1])))
 
@@ -214,7 +225,9 @@ def _check_coordinates(at: str, level: StoredLevel, n_parent: int) -> None:
     if level.kind is LevelKind.SINGLETON and len(crd) != n_parent:
         raise ValueError(expected(at, "crd", f"{n_parent} coordinates (singleton)", len(crd)))
     if len(crd) and (crd.min() < 0 or crd.max() >= level.size):
-        raise ValueError(expected(at, "crd", f"in [0, {level.size})", f"[{crd.min()}, {crd.max()}]"))
+        raise ValueError(
+            expected(at, "crd", f"in [0, {level.size})", f"[{crd.min()}, {crd.max()}]")
+        )
     if level.kind is not LevelKind.COMPRESSED or len(crd) < 2:
         return
     assert level.seg is not None
@@ -226,8 +239,12 @@ def _check_coordinates(at: str, level: StoredLevel, n_parent: int) -> None:
     if np.any(bad):
         k = int(np.argmax(bad))
         raise ValueError(
-            expected(at, "crd", "sorted" + (" and unique" if level.unique else "") + " within each fiber",
-                     f"crd[{k}:{k + 2}]={crd[k:k + 2].tolist()}")
+            expected(
+                at,
+                "crd",
+                "sorted" + (" and unique" if level.unique else "") + " within each fiber",
+                f"crd[{k}:{k + 2}]={crd[k : k + 2].tolist()}",
+            )
         )
 
 
@@ -236,7 +253,9 @@ def _dense_level(size: int) -> StoredLevel:
 
 
 def _compressed(size: int, seg: Any, crd: Any, unique: bool = True) -> StoredLevel:
-    return StoredLevel(LevelKind.COMPRESSED, size, np.asarray(seg, np.int64), np.asarray(crd, np.int64), unique)
+    return StoredLevel(
+        LevelKind.COMPRESSED, size, np.asarray(seg, np.int64), np.asarray(crd, np.int64), unique
+    )
 
 
 def from_dense(name: str, array: Any, fmt: str = "dense", block: int = 1) -> SparseTensor:
@@ -254,11 +273,15 @@ def from_dense(name: str, array: Any, fmt: str = "dense", block: int = 1) -> Spa
     arr = np.asarray(array)
     if fmt == "dense":
         levels = tuple(_dense_level(int(s)) for s in arr.shape)
-        return SparseTensor(name, tuple(arr.shape), tuple(range(arr.ndim)), levels, arr.reshape(-1), "dense")
+        return SparseTensor(
+            name, tuple(arr.shape), tuple(range(arr.ndim)), levels, arr.reshape(-1), "dense"
+        )
     import scipy.sparse as sp
 
     if arr.ndim != 2:
-        raise ValueError(expected(f"sparse tensor {name}", "array", f"2-D for format {fmt!r}", arr.shape))
+        raise ValueError(
+            expected(f"sparse tensor {name}", "array", f"2-D for format {fmt!r}", arr.shape)
+        )
     return from_scipy(name, sp.csr_matrix(arr), fmt, block)
 
 
@@ -282,21 +305,20 @@ def from_scipy(name: str, matrix: Any, fmt: str = "csr", block: int = 1) -> Spar
 
     where = f"sparse tensor {name}"
     m, n = (int(s) for s in matrix.shape)
-    vals_of = lambda x: np.asarray(x.data)  # noqa: E731
     if fmt == "csr":
         a = matrix if sp.issparse(matrix) and matrix.format == "csr" else sp.csr_matrix(matrix)
         levels = (_dense_level(m), _compressed(n, a.indptr, a.indices))
-        return SparseTensor(name, (m, n), (0, 1), levels, vals_of(a), "csr")
+        return SparseTensor(name, (m, n), (0, 1), levels, np.asarray(a.data), "csr")
     if fmt == "csc":
         a = matrix if sp.issparse(matrix) and matrix.format == "csc" else sp.csc_matrix(matrix)
         levels = (_dense_level(n), _compressed(m, a.indptr, a.indices))
-        return SparseTensor(name, (m, n), (1, 0), levels, vals_of(a), "csc")
+        return SparseTensor(name, (m, n), (1, 0), levels, np.asarray(a.data), "csc")
     if fmt == "dcsr":
         a = sp.csr_matrix(matrix)
         rows = np.flatnonzero(np.diff(a.indptr))
         seg_j = np.concatenate([[0], a.indptr[rows + 1]])
         levels = (_compressed(m, [0, len(rows)], rows), _compressed(n, seg_j, a.indices))
-        return SparseTensor(name, (m, n), (0, 1), levels, vals_of(a), "dcsr")
+        return SparseTensor(name, (m, n), (0, 1), levels, np.asarray(a.data), "dcsr")
     if fmt == "coo":
         a = sp.coo_matrix(matrix)
         key = np.lexsort((a.col, a.row))
@@ -311,14 +333,16 @@ def from_scipy(name: str, matrix: Any, fmt: str = "csr", block: int = 1) -> Spar
             raise ValueError(expected(where, "block", f"a divisor of {m} and {n}", block))
         b = sp.bsr_matrix(sp.csr_matrix(matrix), blocksize=(block, block))
         b.sort_indices()
-        levels = (
+        blocked = (
             _dense_level(m // block),
             _compressed(n // block, b.indptr, b.indices),
             _dense_level(block),
             _dense_level(block),
         )
         shape = (m // block, n // block, block, block)
-        return SparseTensor(name, shape, (0, 1, 2, 3), levels, np.asarray(b.data).reshape(-1), "bcsr")
+        return SparseTensor(
+            name, shape, (0, 1, 2, 3), blocked, np.asarray(b.data).reshape(-1), "bcsr"
+        )
     raise ValueError(expected(where, "fmt", "one of " + ", ".join(FORMATS), repr(fmt)))
 
 
@@ -346,12 +370,21 @@ def from_torch(name: str, tensor: Any, fmt: str | None = None) -> SparseTensor:
         return from_scipy(name, mat, fmt or "coo")
     if t.layout == torch.sparse_csr:
         mat = sp.csr_matrix(
-            (t.values().numpy(), t.col_indices().numpy(), t.crow_indices().numpy()), shape=tuple(t.shape)
+            (t.values().numpy(), t.col_indices().numpy(), t.crow_indices().numpy()),
+            shape=tuple(t.shape),
         )
         return from_scipy(name, mat, fmt or "csr")
     if t.layout == torch.sparse_csc:
         mat = sp.csc_matrix(
-            (t.values().numpy(), t.row_indices().numpy(), t.ccol_indices().numpy()), shape=tuple(t.shape)
+            (t.values().numpy(), t.row_indices().numpy(), t.ccol_indices().numpy()),
+            shape=tuple(t.shape),
         )
         return from_scipy(name, mat, fmt or "csc")
-    raise ValueError(expected(f"sparse tensor {name}", "layout", "strided, sparse_coo, sparse_csr or sparse_csc", t.layout))
+    raise ValueError(
+        expected(
+            f"sparse tensor {name}",
+            "layout",
+            "strided, sparse_coo, sparse_csr or sparse_csc",
+            t.layout,
+        )
+    )

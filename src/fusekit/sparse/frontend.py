@@ -64,14 +64,25 @@ def statement_of(op: Op) -> Statement:
 
         if expr.op == "*":
             flatten(expr)
-            return Statement(op.name, out_vars, tuple(_operand(f, where) for f in factors), "mul", reduce, epilogue)
+            return Statement(
+                op.name,
+                out_vars,
+                tuple(_operand(f, where) for f in factors),
+                "mul",
+                reduce,
+                epilogue,
+            )
         combine = {"+": "add", "-": "sub", "/": "div"}[expr.op]
         ops = (_operand(expr.left, where), _operand(expr.right, where))
         return Statement(op.name, out_vars, ops, combine, reduce, epilogue)
     if isinstance(expr, Call) and expr.fn == "max" and len(expr.args) == 2:
         ops = (_operand(expr.args[0], where), _operand(expr.args[1], where))
         return Statement(op.name, out_vars, ops, "max", reduce, epilogue)
-    raise ValueError(expected(where, "expression", "a product, a map, a binary op or a reduction of accesses", expr))
+    raise ValueError(
+        expected(
+            where, "expression", "a product, a map, a binary op or a reduction of accesses", expr
+        )
+    )
 
 
 def from_graph(graph: Graph, values: Mapping[str, Any], name: str | None = None) -> Program:
@@ -90,7 +101,9 @@ def from_graph(graph: Graph, values: Mapping[str, Any], name: str | None = None)
     inputs: dict[str, SparseTensor] = {}
     for t in (*graph.inputs, *graph.params):
         if t not in values:
-            raise ValueError(expected("sparse frontend", t, "a value for every input and param", "missing"))
+            raise ValueError(
+                expected("sparse frontend", t, "a value for every input and param", "missing")
+            )
         inputs[t] = _stored(t, values[t])
     return Program(name or graph.name, statements, inputs, tuple(graph.outputs))
 
@@ -103,7 +116,9 @@ def _stored(name: str, value: Any) -> SparseTensor:
     if sp.issparse(value):
         from fusekit.sparse.formats import from_scipy
 
-        return from_scipy(name, value, value.format if value.format in ("csr", "csc", "coo") else "csr")
+        return from_scipy(
+            name, value, value.format if value.format in ("csr", "csc", "coo") else "csr"
+        )
     if hasattr(value, "layout"):
         return from_torch(name, value)
     return from_dense(name, np.asarray(value))

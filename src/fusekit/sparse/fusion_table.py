@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusekit.sparse.formats import SparseTensor
 from fusekit.sparse.program import Program, Statement
 from fusekit.sparse.schedule import Schedule
-from fusekit.sparse.formats import SparseTensor
 from fusekit.sparse.simulate import context_depth, restore
 
 
@@ -47,11 +47,15 @@ class FusionTable:
         head = " " * 8 + "  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True))
         lines = [head]
         for name, row in zip(self.rows, self.cells, strict=True):
-            lines.append(f"{name:<8}" + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+            lines.append(
+                f"{name:<8}" + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+            )
         return "\n".join(lines)
 
 
-def unify(program: Program, region: tuple[str, ...], orders: dict[str, tuple[str, ...]]) -> tuple[dict[str, dict[str, str]], list[str]]:
+def unify(
+    program: Program, region: tuple[str, ...], orders: dict[str, tuple[str, ...]]
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """Rename every statement's variables into the region's unified names.
 
     Returns:
@@ -72,7 +76,9 @@ def unify(program: Program, region: tuple[str, ...], orders: dict[str, tuple[str
         return name
 
     for st in reversed(sts):
-        consumer = next(((c, o) for c in reversed(sts) for o in c.operands if o.tensor == st.out), None)
+        consumer = next(
+            ((c, o) for c in reversed(sts) for o in c.operands if o.tensor == st.out), None
+        )
         if consumer is None:
             rename[st.out] = {v: fresh(v) for v in st.vars}
             rows.extend(rename[st.out][v] for v in orders[st.out])
@@ -128,9 +134,17 @@ def fusion_table(program: Program, schedule: Schedule, region: int = 0) -> Fusio
                     col[at] = f"-> {o.tensor}" if v in o.vars else "repeat"
                 elif v not in o.vars:
                     col[at] = "repeat"
-                elif t is not None and not t.is_dense and t.levels[t.order.index(o.vars.index(v))].kind.value != "dense":
-                    col[at] = "scan" + (" & intersect" if sparse_vars.get(v, 0) > 1 and st.combine == "mul" else "")
-                    col[at] += " & union" if sparse_vars.get(v, 0) > 1 and st.combine != "mul" else ""
+                elif (
+                    t is not None
+                    and not t.is_dense
+                    and t.levels[t.order.index(o.vars.index(v))].kind.value != "dense"
+                ):
+                    col[at] = "scan" + (
+                        " & intersect" if sparse_vars.get(v, 0) > 1 and st.combine == "mul" else ""
+                    )
+                    col[at] += (
+                        " & union" if sparse_vars.get(v, 0) > 1 and st.combine != "mul" else ""
+                    )
                 else:
                     col[at] = "locate" if sparse_vars.get(v) else "iter"
             col[-1] = f"-> {o.tensor}" if o.tensor in names else "array"
@@ -138,8 +152,17 @@ def fusion_table(program: Program, schedule: Schedule, region: int = 0) -> Fusio
             cols.append(col)
         out = [""] * (len(rows) + 1)
         for v in st.out_vars:
-            out[rows.index(r[v])] = "write" if st.out not in {o.tensor for c in sts for o in c.operands} else "stream"
-        trailing = all(orders[st.out].index(v) > max(orders[st.out].index(u) for u in st.out_vars) for v in st.reduce_vars) if st.out_vars else True
+            out[rows.index(r[v])] = (
+                "write" if st.out not in {o.tensor for c in sts for o in c.operands} else "stream"
+            )
+        trailing = (
+            all(
+                orders[st.out].index(v) > max(orders[st.out].index(u) for u in st.out_vars)
+                for v in st.reduce_vars
+            )
+            if st.out_vars
+            else True
+        )
         value = f"alu {st.combine}" if st.combine != "copy" else "copy"
         if st.reduce_vars:
             value += f", {'reduce' if trailing else 'spacc'} {st.reduce}"

@@ -70,7 +70,13 @@ class TokenRun:
     values: list[float]
 
 
-def lower_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, SparseTensor], depth: int = 8, latency: int = 1) -> tuple[Network, LevelWriter]:
+def lower_statement(
+    st: Statement,
+    order: tuple[str, ...],
+    inputs: dict[str, SparseTensor],
+    depth: int = 8,
+    latency: int = 1,
+) -> tuple[Network, LevelWriter]:
     """Build the network of one statement over stored inputs.
 
     Raises:
@@ -79,17 +85,29 @@ def lower_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, Spa
     """
     where = f"lower {st.out}"
     if len(st.operands) > 2 or len(st.reduce_vars) > 1:
-        raise ValueError(expected(where, "statement", "at most two operands and one reduced variable", st))
+        raise ValueError(
+            expected(where, "statement", "at most two operands and one reduced variable", st)
+        )
     net = Network(depth, latency)
     _CLAIMED.clear()
     refs: list[_Ref] = []
     extents: dict[str, int] = {}
     for k, o in enumerate(st.operands):
         t = inputs[o.tensor]
-        visit = sorted(range(t.rank), key=lambda d: order.index(o.vars[d])) if t.is_dense else list(t.order)
+        visit = (
+            sorted(range(t.rank), key=lambda d: order.index(o.vars[d]))
+            if t.is_dense
+            else list(t.order)
+        )
         flat = np.transpose(t.to_dense(), visit).ravel() if t.is_dense else t.values
         if t.is_dense:
-            t = SparseTensor(t.name, t.shape, tuple(visit), tuple(StoredLevel(LevelKind.DENSE, t.shape[d]) for d in visit), flat)
+            t = SparseTensor(
+                t.name,
+                t.shape,
+                tuple(visit),
+                tuple(StoredLevel(LevelKind.DENSE, t.shape[d]) for d in visit),
+                flat,
+            )
         refs.append(_Ref(t, o.vars, 0, net.source(f"root {o.tensor}{k}", [0, DONE]), flat))
         extents.update(zip(o.vars, t.shape, strict=True))
     crd_of: dict[str, Channel] = {}
@@ -98,7 +116,11 @@ def lower_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, Spa
         scans = [r for r in at_v if r.tensor.levels[r.level].kind is not LevelKind.DENSE]
         outs = []
         for r in scans:
-            sc = net.add(LevelScanner(f"scan {r.tensor.name}.{v}", r.tensor.levels[r.level], _fan(net, r.ref)))
+            sc = net.add(
+                LevelScanner(
+                    f"scan {r.tensor.name}.{v}", r.tensor.levels[r.level], _fan(net, r.ref)
+                )
+            )
             outs.append((net.wire(sc, "crd"), net.wire(sc, "ref")))
             r.level += 1
         if len(scans) == 2:
@@ -110,17 +132,25 @@ def lower_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, Spa
         elif len(scans) == 1:
             crd, scans[0].ref = outs[0]
         else:
-            it = net.add(LevelScanner(f"iterate {v}", StoredLevel(LevelKind.DENSE, extents[v]), _fork(net, refs[0])))
+            it = net.add(
+                LevelScanner(
+                    f"iterate {v}", StoredLevel(LevelKind.DENSE, extents[v]), _fork(net, refs[0])
+                )
+            )
             crd = net.wire(it, "crd")
         for r in refs:
             if r in scans:
                 continue
             if r in at_v:
                 size = r.tensor.levels[r.level].size
-                loc = net.add(Locator(f"locate {r.tensor.name}.{v}", size, _fan(net, r.ref), _fan(net, crd)))
+                loc = net.add(
+                    Locator(f"locate {r.tensor.name}.{v}", size, _fan(net, r.ref), _fan(net, crd))
+                )
                 r.ref, r.level = net.wire(loc, "ref"), r.level + 1
             else:
-                rep = net.add(Repeater(f"repeat {r.tensor.name}.{v}", _fan(net, r.ref), _fan(net, crd)))
+                rep = net.add(
+                    Repeater(f"repeat {r.tensor.name}.{v}", _fan(net, r.ref), _fan(net, crd))
+                )
                 r.ref = net.wire(rep, "ref")
         crd_of[v] = crd
     vals = []
@@ -137,11 +167,17 @@ def lower_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, Spa
             red = net.add(Reducer(f"reducer {st.reduce}", _fan(net, val), st.reduce or "sum"))
             val = net.wire(red, "val")
         elif order.index(rv) == len(order) - 2:
-            acc = net.add(SparseAccumulator(f"spacc {st.reduce}", _fan(net, crd_of[order[-1]]), _fan(net, val)))
+            acc = net.add(
+                SparseAccumulator(
+                    f"spacc {st.reduce}", _fan(net, crd_of[order[-1]]), _fan(net, val)
+                )
+            )
             val = net.wire(acc, "val")
             net.add(LevelWriter(f"write {st.out}.{order[-1]}", _fan(net, net.wire(acc, "crd"))))
         else:
-            raise ValueError(expected(where, "order", "the reduced variable last or second to last", order))
+            raise ValueError(
+                expected(where, "order", "the reduced variable last or second to last", order)
+            )
     if st.epilogue:
         ep = net.add(ALU(f"alu {st.epilogue}", UNARY[st.epilogue], _fan(net, val)))
         val = net.wire(ep, "val")
@@ -177,10 +213,20 @@ def _fork(net: Network, r: _Ref) -> Channel:
     return _fan(net, r.ref)
 
 
-def run_statement(st: Statement, order: tuple[str, ...], inputs: dict[str, SparseTensor], depth: int = 8, latency: int = 1) -> TokenRun:
+def run_statement(
+    st: Statement,
+    order: tuple[str, ...],
+    inputs: dict[str, SparseTensor],
+    depth: int = 8,
+    latency: int = 1,
+) -> TokenRun:
     """Lower and run one statement on the reference machine."""
     net, writer = lower_statement(st, order, inputs, depth, latency)
     cycles = run(net)
-    tokens = {p.name: max((ch.sent for chans in p.outputs.values() for ch in chans), default=p.firings) for p in net.prims if not p.name.startswith("root")}
+    tokens = {
+        p.name: max((ch.sent for chans in p.outputs.values() for ch in chans), default=p.firings)
+        for p in net.prims
+        if not p.name.startswith("root")
+    }
     firings = {p.name: p.firings for p in net.prims if not p.name.startswith("root")}
     return TokenRun(cycles, tokens, firings, [float(x) for x in writer.crd])

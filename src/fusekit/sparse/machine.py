@@ -63,4 +63,6 @@ class Machine:
         if self.fifo_depth < 1:
             raise ValueError(expected("Machine", "fifo_depth", ">= 1", self.fifo_depth))
         if self.channel_latency_cycles < 1:
-            raise ValueError(expected("Machine", "channel_latency_cycles", ">= 1", self.channel_latency_cycles))
+            raise ValueError(
+                expected("Machine", "channel_latency_cycles", ">= 1", self.channel_latency_cycles)
+            )

@@ -102,24 +102,39 @@ def _nest(
     for k, o in enumerate(st.operands):
         if o.tensor not in stats.patterns.sparse:
             continue
-        mode = storage.get((st.out, o.tensor), stored_order.get(o.tensor, tuple(range(len(o.vars)))))
+        mode = storage.get(
+            (st.out, o.tensor), stored_order.get(o.tensor, tuple(range(len(o.vars))))
+        )
         for lvl, r in zip(mode, stats.occupancy(o.tensor, mode), strict=True):
             rho_at[(k, o.vars[lvl])] = r
     n, points, tokens = 1.0, [1.0], []
     for t, v in enumerate(order):
-        scans = [(k, rho_at[(k, v)]) for k in range(len(st.operands)) if (k, v) in rho_at and rho_at[(k, v)] < 1.0]
+        scans = [
+            (k, rho_at[(k, v)])
+            for k in range(len(st.operands))
+            if (k, v) in rho_at and rho_at[(k, v)] < 1.0
+        ]
         if scans:
             rs = [r for _, r in scans]
             rho = 1 - float(np.prod([1 - r for r in rs])) if union else float(np.prod(rs))
             for k, r in scans:
-                tokens.append(("scanner", n * (ext[v] * r + 1), st.operands[k].tensor not in fused, t))
+                tokens.append(
+                    ("scanner", n * (ext[v] * r + 1), st.operands[k].tensor not in fused, t)
+                )
             if len(scans) > 1:
-                tokens.append(("intersecter", n * (ext[v] * (1 - float(np.prod([1 - r for r in rs]))) + 1), False, t))
+                tokens.append(
+                    (
+                        "intersecter",
+                        n * (ext[v] * (1 - float(np.prod([1 - r for r in rs]))) + 1),
+                        False,
+                        t,
+                    )
+                )
         else:
             rho = 1.0
             tokens.append(("iterator", n * (ext[v] + 1), False, t))
         new = n * ext[v] * rho
-        for k, o in enumerate(st.operands):
+        for o in st.operands:
             if v not in o.vars:
                 tokens.append(("repeater", new + n, False, t))
         n = new
@@ -127,7 +142,9 @@ def _nest(
     for o in st.operands:
         tokens.append(("array", n, o.tensor not in fused, len(order)))
     tokens += [("alu", n, False, len(order))] * max(len(st.operands) - 1, 0)
-    out_density = float(stats.patterns.masks[st.out].mean()) if st.out in stats.patterns.masks else 1.0
+    out_density = (
+        float(stats.patterns.masks[st.out].mean()) if st.out in stats.patterns.masks else 1.0
+    )
     out_points = float(np.prod([ext[v] for v in st.out_vars])) * out_density
     if st.reduce_vars:
         tokens.append(("reducer", n + out_points, False, len(order)))
@@ -156,8 +173,13 @@ def estimate_region(
     sts = [st for st in program.statements if st.out in region]
     names = set(region)
     per_statement = {(s, t): o for s, t, o in storage}
-    nests = {st.out: _nest(st, orders[st.out], program, stats, stored_order, names, per_statement) for st in sts}
-    consumers = {st.out: [(c, o.vars) for c in sts for o in c.operands if o.tensor == st.out] for st in sts}
+    nests = {
+        st.out: _nest(st, orders[st.out], program, stats, stored_order, names, per_statement)
+        for st in sts
+    }
+    consumers = {
+        st.out: [(c, o.vars) for c in sts for o in c.operands if o.tensor == st.out] for st in sts
+    }
     replays: dict[str, float] = {}
     lane_depth: dict[str, int] = {}
     factor = par[1] if par else 1
@@ -168,11 +190,22 @@ def estimate_region(
             lane_depth[st.out] = par[0] + 1 if par else 10**9
             continue
         b = len(bound_prefix(orders[cons[0][0].out], cons[0][1], st.out_vars))
-        per = [replays[c.out] * nests[c.out].points[context_depth(orders[c.out], a)] / max(nests[st.out].points[b], 1e-9) for c, a in cons]
+        per = [
+            replays[c.out]
+            * nests[c.out].points[context_depth(orders[c.out], a)]
+            / max(nests[st.out].points[b], 1e-9)
+            for c, a in cons
+        ]
         g = min(max(b, fork_granularity(st, orders[st.out], cons)), len(nests[st.out].points) - 1)
         per_binding_out = nests[st.out].out_points / max(nests[st.out].points[g], 1e-9)
-        replays[st.out] = max(per) if len(per) > 1 and per_binding_out <= machine.fifo_depth else sum(per)
-        lane_depth[st.out] = 0 if any(lane_depth[c.out] < context_depth(orders[c.out], a) for c, a in cons) else 10**9
+        replays[st.out] = (
+            max(per) if len(per) > 1 and per_binding_out <= machine.fifo_depth else sum(per)
+        )
+        lane_depth[st.out] = (
+            0
+            if any(lane_depth[c.out] < context_depth(orders[c.out], a) for c, a in cons)
+            else 10**9
+        )
     busiest, flops, mem_tokens = 0.0, 0.0, 0.0
     for st in sts:
         written = st.out in keep or not consumers[st.out]
@@ -187,15 +220,25 @@ def estimate_region(
     memory_bytes = machine.word_bytes * mem_tokens
     mem = machine.memory
     memory_cycles = memory_bytes / mem.bytes_per_cycle if mem else 0.0
-    depth: dict[str, int] = {}
+    stages: dict[str, int] = {}
     for st in sts:
-        depth[st.out] = len(orders[st.out]) + 3 + max((depth[o.tensor] for o in st.operands if o.tensor in names), default=0)
-    levels = 1 + max((len(o.vars) for st in sts for o in st.operands if o.tensor not in names), default=0)
-    fill = 2 * machine.channel_latency_cycles * max(depth.values()) + (mem.latency_cycles * levels if mem else 0)
+        stages[st.out] = (
+            len(orders[st.out])
+            + 3
+            + max((stages[o.tensor] for o in st.operands if o.tensor in names), default=0)
+        )
+    levels = 1 + max(
+        (len(o.vars) for st in sts for o in st.operands if o.tensor not in names), default=0
+    )
+    fill = 2 * machine.channel_latency_cycles * max(stages.values()) + (
+        mem.latency_cycles * levels if mem else 0
+    )
     return max(busiest, memory_cycles) + fill, flops, memory_bytes
 
 
-def estimate(program: Program, schedule: Schedule, stats: Statistics, machine: Machine | None = None) -> Estimate:
+def estimate(
+    program: Program, schedule: Schedule, stats: Statistics, machine: Machine | None = None
+) -> Estimate:
     """Estimate a whole schedule (see the module docstring for the formula)."""
     machine = machine or Machine()
     orders = dict(schedule.orders)
@@ -207,7 +250,9 @@ def estimate(program: Program, schedule: Schedule, stats: Statistics, machine: M
     cycles, flops, mem, per = 0.0, 0.0, 0.0, []
     for k, region in enumerate(schedule.regions):
         keep = frozenset(s for s in region if s in later[k] or s in program.outputs)
-        c, f, m = estimate_region(program, region, orders, stats, stored, machine, schedule.par, keep, schedule.storage)
+        c, f, m = estimate_region(
+            program, region, orders, stats, stored, machine, schedule.par, keep, schedule.storage
+        )
         for s in region:
             st = _st(program, s)
             stored[s] = tuple(st.out_vars.index(v) for v in orders[s] if v in st.out_vars)

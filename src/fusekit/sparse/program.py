@@ -80,13 +80,21 @@ class Statement:
     def __post_init__(self) -> None:
         where = f"statement {self.out}"
         if self.combine not in (*BINARY, "copy"):
-            raise ValueError(expected(where, "combine", "one of " + ", ".join([*BINARY, "copy"]), self.combine))
+            raise ValueError(
+                expected(where, "combine", "one of " + ", ".join([*BINARY, "copy"]), self.combine)
+            )
         if self.combine == "copy" and len(self.operands) != 1:
-            raise ValueError(expected(where, "operands", "one operand for copy", len(self.operands)))
+            raise ValueError(
+                expected(where, "operands", "one operand for copy", len(self.operands))
+            )
         if self.combine not in ("mul", "copy") and len(self.operands) != 2:
-            raise ValueError(expected(where, "operands", f"two operands for {self.combine}", len(self.operands)))
+            raise ValueError(
+                expected(where, "operands", f"two operands for {self.combine}", len(self.operands))
+            )
         if self.epilogue is not None and self.epilogue not in UNARY:
-            raise ValueError(expected(where, "epilogue", "one of " + ", ".join(UNARY), self.epilogue))
+            raise ValueError(
+                expected(where, "epilogue", "one of " + ", ".join(UNARY), self.epilogue)
+            )
         if len(set(self.out_vars)) != len(self.out_vars):
             raise ValueError(expected(where, "out_vars", "distinct", self.out_vars))
         for op in self.operands:
@@ -113,7 +121,11 @@ class Statement:
         return tuple(v for v in self.vars if v not in self.out_vars)
 
     def __str__(self) -> str:
-        sym = {"mul": " * ", "add": " + ", "sub": " - ", "div": " / ", "max": ", "}[self.combine] if self.combine != "copy" else ""
+        sym = (
+            {"mul": " * ", "add": " + ", "sub": " - ", "div": " / ", "max": ", "}[self.combine]
+            if self.combine != "copy"
+            else ""
+        )
         body = sym.join(map(str, self.operands))
         if self.combine == "max":
             body = f"max({body})"
@@ -149,21 +161,34 @@ class Program:
             extents: dict[str, int] = {}
             for op in st.operands:
                 if op.tensor not in shapes:
-                    raise ValueError(expected(where, op.tensor, "an input or an earlier output", "undefined"))
+                    raise ValueError(
+                        expected(where, op.tensor, "an input or an earlier output", "undefined")
+                    )
                 shape = shapes[op.tensor]
                 if len(shape) != len(op.vars):
-                    raise ValueError(expected(where, str(op), f"{len(shape)} indices", len(op.vars)))
+                    raise ValueError(
+                        expected(where, str(op), f"{len(shape)} indices", len(op.vars))
+                    )
                 for v, size in zip(op.vars, shape, strict=True):
                     if extents.setdefault(v, size) != size:
                         raise ValueError(
-                            expected(where, f"index {v}", f"one extent ({extents[v]})", f"{size} from {op}")
+                            expected(
+                                where,
+                                f"index {v}",
+                                f"one extent ({extents[v]})",
+                                f"{size} from {op}",
+                            )
                         )
             if st.out in shapes:
-                raise ValueError(expected(where, st.out, "written once", "written twice or an input"))
+                raise ValueError(
+                    expected(where, st.out, "written once", "written twice or an input")
+                )
             shapes[st.out] = tuple(extents[v] for v in st.out_vars)
         for name in self.outputs:
             if name not in shapes:
-                raise ValueError(expected(f"program {self.name}", "outputs", "defined tensors", name))
+                raise ValueError(
+                    expected(f"program {self.name}", "outputs", "defined tensors", name)
+                )
         object.__setattr__(self, "shapes", shapes)
 
     def producer(self, tensor: str) -> Statement | None:
@@ -194,7 +219,9 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
     Returns:
         Every tensor's dense value by name.
     """
-    vals: dict[str, np.ndarray] = {n: t.to_dense().astype(np.float64) for n, t in program.inputs.items()}
+    vals: dict[str, np.ndarray] = {
+        n: t.to_dense().astype(np.float64) for n, t in program.inputs.items()
+    }
     masks: dict[str, np.ndarray] = {}
     for n, t in program.inputs.items():
         m = np.zeros(t.shape, dtype=bool)
@@ -207,14 +234,10 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
             vals[st.out], masks[st.out] = _einsum_statement(st, vals, masks)
             continue
 
-        def spread(vs: tuple[str, ...], arr: np.ndarray) -> np.ndarray:
-            perm = sorted(range(len(vs)), key=lambda k: allv.index(vs[k]))
-            shape = [1] * len(allv)
-            for v, size in zip(vs, arr.shape, strict=True):
-                shape[allv.index(v)] = size
-            return np.transpose(arr, perm).reshape(shape)
-
-        ops = [(spread(o.vars, vals[o.tensor]), spread(o.vars, masks[o.tensor])) for o in st.operands]
+        ops = [
+            (_spread(allv, o.vars, vals[o.tensor]), _spread(allv, o.vars, masks[o.tensor]))
+            for o in st.operands
+        ]
         if st.combine == "copy":
             value, mask = ops[0]
         elif st.combine == "mul":
@@ -237,10 +260,11 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
         mask = np.broadcast_to(mask, full_shape)
         axes = tuple(allv.index(v) for v in st.reduce_vars)
         if axes and st.reduce == "sum":
-            value, mask = np.where(mask, value, 0.0).sum(axis=axes), mask.any(axis=axes)
+            value = np.where(mask, value, 0.0).sum(axis=axes)
+            mask = np.asarray(mask.any(axis=axes))
         elif axes:
             value = np.where(mask, value, -np.inf).max(axis=axes)
-            mask = mask.any(axis=axes)
+            mask = np.asarray(mask.any(axis=axes))
             value = np.where(mask, value, 0.0)
         if st.epilogue:
             value = np.where(mask, UNARY[st.epilogue](value), 0.0)
@@ -253,6 +277,15 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
     return vals
 
 
+def _spread(allv: tuple[str, ...], vs: tuple[str, ...], arr: np.ndarray) -> np.ndarray:
+    """``arr`` indexed by ``vs``, transposed and broadcastable over all variables ``allv``."""
+    perm = sorted(range(len(vs)), key=lambda k: allv.index(vs[k]))
+    shape = [1] * len(allv)
+    for v, size in zip(vs, arr.shape, strict=True):
+        shape[allv.index(v)] = size
+    return np.transpose(arr, perm).reshape(shape)
+
+
 def _einsum_statement(
     st: Statement, vals: dict[str, np.ndarray], masks: dict[str, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +293,10 @@ def _einsum_statement(
     spec = ",".join("".join(letters[v] for v in o.vars) for o in st.operands)
     spec += "->" + "".join(letters[v] for v in st.out_vars)
     value = np.einsum(spec, *(vals[o.tensor] for o in st.operands), optimize=True)
-    mask = np.einsum(spec, *(masks[o.tensor].astype(np.float32) for o in st.operands), optimize=True) > 0
+    mask = (
+        np.einsum(spec, *(masks[o.tensor].astype(np.float32) for o in st.operands), optimize=True)
+        > 0
+    )
     if st.epilogue:
         value = np.where(mask, UNARY[st.epilogue](value), 0.0)
     return np.where(mask, value, 0.0), mask

@@ -43,7 +43,10 @@ class Schedule:
 
     def label(self) -> str:
         """A one-line description: cut, orders, storage and parallelism."""
-        orders = " ".join(f"{s}({''.join(o) if all(len(v) == 1 for v in o) else ','.join(o)})" for s, o in self.orders)
+        orders = " ".join(
+            f"{s}({''.join(o) if all(len(v) == 1 for v in o) else ','.join(o)})"
+            for s, o in self.orders
+        )
         store = "".join(f" {s}:{t}{''.join(map(str, o))}" for s, t, o in self.storage)
         par = f" par{self.par[0]}x{self.par[1]}" if self.par and self.par[1] > 1 else ""
         block = f" b{self.block}" if self.block else ""

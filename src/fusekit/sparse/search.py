@@ -74,7 +74,7 @@ class Exploration:
         return pts[0]
 
     def estimator_rank_of_best(self) -> int:
-        """The rank (1 = first) of the best simulated schedule among the simulated ones, by estimate."""
+        """The estimator's rank (1 = first) of the best simulated schedule among the simulated."""
         sims = [p for p in self.points if p.result is not None]
         best = self.best()
         by_estimate = sorted(sims, key=lambda p: p.estimate.cycles)
@@ -109,8 +109,15 @@ def explore(
     patterns = Patterns.of(program)
     stats = Statistics(program, patterns)
 
-    def rank(region: tuple[str, ...], orders: dict[str, tuple[str, ...]], storage: tuple[tuple[str, str, tuple[int, ...]], ...], stored: dict[str, tuple[int, ...]]) -> float:
-        return estimate_region(program, region, orders, stats, stored, machine, par, storage=storage)[0]
+    def rank(
+        region: tuple[str, ...],
+        orders: dict[str, tuple[str, ...]],
+        storage: tuple[tuple[str, str, tuple[int, ...]], ...],
+        stored: dict[str, tuple[int, ...]],
+    ) -> float:
+        return estimate_region(
+            program, region, orders, stats, stored, machine, par, storage=storage
+        )[0]
 
     schedules = enumerate_schedules(workload, cuts, par, rank, limit=limit)
     estimates = [estimate(program, s, stats, machine) for s in schedules]
@@ -128,7 +135,14 @@ def explore(
         start = time.perf_counter()
         r = simulate(program, s, machine)
         elapsed = time.perf_counter() - start
-        ok = all(np.allclose(r.outputs[n], expected[n], rtol=1e-6, atol=1e-9) for n in program.outputs) if check else None
+        ok = (
+            all(
+                np.allclose(r.outputs[n], expected[n], rtol=1e-6, atol=1e-9)
+                for n in program.outputs
+            )
+            if check
+            else None
+        )
         log.info("%s: %s -> %.0f cycles (%.2f s)", workload.name, s.label(), r.cycles, elapsed)
         points.append(Point(s, e, r, ok, elapsed))
     return Exploration(workload.name, tuple(points), len(schedules))

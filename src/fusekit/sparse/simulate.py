@@ -98,7 +98,9 @@ class Trace:
             w[t] = w[t - 1][:, self.parents[t]]
         for t in range(base_depth - 1, -1, -1):
             size = 1 if t == 0 else len(self.parents[t])
-            w[t] = np.stack([np.bincount(self.parents[t + 1], weights=row, minlength=size) for row in w[t + 1]])
+            w[t] = np.stack(
+                [np.bincount(self.parents[t + 1], weights=row, minlength=size) for row in w[t + 1]]
+            )
         return w
 
 
@@ -111,7 +113,14 @@ def _ancestor(parents: list[np.ndarray], points: np.ndarray, src: int, dst: int)
 class _Operand:
     """The evaluation state of one operand: its tensor, the level reached, its references."""
 
-    def __init__(self, index: int, tensor: SparseTensor | np.ndarray, vars_: tuple[str, ...], name: str, stored: bool) -> None:
+    def __init__(
+        self,
+        index: int,
+        tensor: SparseTensor | np.ndarray,
+        vars_: tuple[str, ...],
+        name: str,
+        stored: bool,
+    ) -> None:
         self.index = index
         self.name = name
         self.stored = stored
@@ -133,14 +142,18 @@ class _Operand:
         return self.tensor.levels[self.level] if self.level < len(self.tensor.levels) else None
 
 
-def check_order(st: Statement, order: tuple[str, ...], tensors: dict[str, SparseTensor | np.ndarray]) -> None:
+def check_order(
+    st: Statement, order: tuple[str, ...], tensors: dict[str, SparseTensor | np.ndarray]
+) -> None:
     """Check that ``order`` visits every sparse operand's levels in its storage order.
 
     Raises:
         ValueError: naming the statement, the operand and the level out of order.
     """
     if sorted(order) != sorted(st.vars):
-        raise ValueError(expected(f"statement {st.out}", "order", f"a permutation of {st.vars}", order))
+        raise ValueError(
+            expected(f"statement {st.out}", "order", f"a permutation of {st.vars}", order)
+        )
     for op in st.operands:
         t = tensors[op.tensor]
         if isinstance(t, np.ndarray):
@@ -181,7 +194,10 @@ def evaluate(
         The trace: per-depth points, token counts of every primitive and the output.
     """
     check_order(st, order, tensors)
-    ops = [_Operand(k, tensors[o.tensor], o.vars, o.tensor, o.tensor in stored) for k, o in enumerate(st.operands)]
+    ops = [
+        _Operand(k, tensors[o.tensor], o.vars, o.tensor, o.tensor in stored)
+        for k, o in enumerate(st.operands)
+    ]
     union = st.combine in ("add", "sub", "max")
     sparse_at = {v: [o for o in ops if not o.is_located and _level_is_sparse(o, v)] for v in order}
     tail_start = len(order)
@@ -191,7 +207,11 @@ def evaluate(
     parents: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     prims: list[Prim] = []
     out_set = set(st.out_vars)
-    drops = {v for k, v in enumerate(order) if v in out_set and any(len(sparse_at[u]) > 1 for u in order[k + 1 :])}
+    drops = {
+        v
+        for k, v in enumerate(order)
+        if v in out_set and any(len(sparse_at[u]) > 1 for u in order[k + 1 :])
+    }
     n = 1
     for t, v in enumerate(order[:tail_start], start=1):
         levels_before = [o.level for o in ops]
@@ -205,19 +225,39 @@ def evaluate(
             if o.level != before:
                 continue
             kind = "locate" if o.is_located and v in o.vars else "repeat"
-            prims.append(Prim(f"{kind} {o.name}.{v}", f"{kind[:-1]}or" if kind == "locate" else "repeater", t - 1, _per_parent(owner, n), False, v))
+            prims.append(
+                Prim(
+                    f"{kind} {o.name}.{v}",
+                    f"{kind[:-1]}or" if kind == "locate" else "repeater",
+                    t - 1,
+                    _per_parent(owner, n),
+                    False,
+                    v,
+                )
+            )
         if v in drops:
             prims.append(Prim(f"drop {v}", "dropper", t - 1, _per_parent(owner, n), False, v))
         crds.append(new_crds)
         parents.append(owner)
         n = len(owner)
     tail = order[tail_start:]
-    value, group_point = _values(st, ops, tail, crds[-1], extents, n, prims, tail_start, order, parents)
+    value, group_point = _values(
+        st, ops, tail, crds[-1], extents, n, prims, tail_start, order, parents
+    )
     first_reduce = min((order.index(v) for v in st.reduce_vars), default=len(order))
     for t, v in enumerate(order[:tail_start], start=1):
         if v in st.out_vars and t - 1 < first_reduce:
             n_parent = 1 if t == 1 else len(parents[t - 1])
-            prims.append(Prim(f"write {st.out}.{v}", "writer", t - 1, _per_parent(parents[t], n_parent), True, v))
+            prims.append(
+                Prim(
+                    f"write {st.out}.{v}",
+                    "writer",
+                    t - 1,
+                    _per_parent(parents[t], n_parent),
+                    True,
+                    v,
+                )
+            )
     return Trace(st, order, crds, parents, prims, value, group_point, tail)
 
 
@@ -253,7 +293,9 @@ def _expand_level(
         keep = valid[owner]
         owner, crd, pos = owner[keep], crd[keep], pos[keep]
         fibers.append((owner, crd, pos))
-        prims.append(Prim(f"scan {o.name}.{v}", "scanner", t - 1, _per_parent(owner, n), o.stored, v))
+        prims.append(
+            Prim(f"scan {o.name}.{v}", "scanner", t - 1, _per_parent(owner, n), o.stored, v)
+        )
     if not fibers:
         owner = np.repeat(np.arange(n, dtype=np.int64), extent)
         crd = np.tile(np.arange(extent, dtype=np.int64), n)
@@ -262,7 +304,9 @@ def _expand_level(
             if not o.is_located and o.level < len(o.level_vars) and o.level_vars[o.level] == v:
                 o.pos = np.where(o.pos[owner] >= 0, o.pos[owner] * extent + crd, -1)
                 o.level += 1
-                prims.append(Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v))
+                prims.append(
+                    Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v)
+                )
         return owner, crd
     keys = [f[0] * extent + f[1] for f in fibers]
     if len(fibers) == 1:
@@ -270,7 +314,9 @@ def _expand_level(
     else:
         merged = keys[0]
         for k in keys[1:]:
-            merged = np.union1d(merged, k) if union else np.intersect1d(merged, k, assume_unique=True)
+            merged = (
+                np.union1d(merged, k) if union else np.intersect1d(merged, k, assume_unique=True)
+            )
         joined = keys[0]
         for k in keys[1:]:
             joined = np.union1d(joined, k)
@@ -284,11 +330,18 @@ def _expand_level(
         o.pos = np.where(hit, f[2][at] if len(k) else 0, -1)
         o.level += 1
     for o in ops:
-        if o in scanners or o.is_located or o.level >= len(o.level_vars) or o.level_vars[o.level] != v:
+        if (
+            o in scanners
+            or o.is_located
+            or o.level >= len(o.level_vars)
+            or o.level_vars[o.level] != v
+        ):
             continue
         level = o.next_level()
         assert level is not None
-        prims.append(Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v))
+        prims.append(
+            Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v)
+        )
         o.pos = np.where(o.pos[owner] >= 0, o.pos[owner] * level.size + crd, -1)
         o.level += 1
     return owner, crd
@@ -302,7 +355,13 @@ def _tail_counts(tail_ext: list[int]) -> float:
     return inner + inner / tail_ext[-1]
 
 
-def _operand_block(o: _Operand, points: np.ndarray, tail: tuple[str, ...], crd: dict[str, np.ndarray], extents: dict[str, int]) -> np.ndarray:
+def _operand_block(
+    o: _Operand,
+    points: np.ndarray,
+    tail: tuple[str, ...],
+    crd: dict[str, np.ndarray],
+    extents: dict[str, int],
+) -> np.ndarray:
     """Values of operand ``o`` at the given points over the tail: ``[len(points), *tail]``."""
     shape = [len(points)] + [extents[v] if v in o.vars else 1 for v in tail]
     if o.dense_array is not None:
@@ -313,13 +372,18 @@ def _operand_block(o: _Operand, points: np.ndarray, tail: tuple[str, ...], crd: 
         if not head:
             return np.broadcast_to(moved.reshape([1, *shape[1:]]), shape)
         idx = tuple(crd[o.vars[d]][points] for d in head)
-        return moved[idx].reshape(shape)
+        return np.asarray(moved[idx]).reshape(shape)
     assert o.tensor is not None
     sizes = [o.tensor.levels[k].size for k in range(o.level, len(o.level_vars))]
     tail_vars = [v for v in tail if v in o.vars]
     if list(o.level_vars[o.level :]) != tail_vars:
         raise ValueError(
-            expected(f"operand {o.name}", "tail levels", f"in storage order {o.level_vars[o.level:]}", tail_vars)
+            expected(
+                f"operand {o.name}",
+                "tail levels",
+                f"in storage order {o.level_vars[o.level :]}",
+                tail_vars,
+            )
         )
     block = int(np.prod(sizes)) if sizes else 1
     pos = o.pos[points]
@@ -355,7 +419,16 @@ def _values(
         per = _tail_counts(tail_ext[: k + 1])
         for o in ops:
             kind = "locate" if v in o.vars else "repeat"
-            prims.append(Prim(f"{kind} {o.name}.{v}", "locator" if v in o.vars else "repeater", depth, np.full(n, per), False, v))
+            prims.append(
+                Prim(
+                    f"{kind} {o.name}.{v}",
+                    "locator" if v in o.vars else "repeater",
+                    depth,
+                    np.full(n, per),
+                    False,
+                    v,
+                )
+            )
         prims.append(Prim(f"iterate {v}", "iterator", depth, np.full(n, per), False, v))
     for o in ops:
         prims.append(Prim(f"array {o.name}", "array", vdepth, inner, o.stored))
@@ -369,7 +442,9 @@ def _values(
     out_tail_shape = [extents[v] for v in tail_out]
     head_red = [v for v in order[: len(order) - len(tail)] if v not in st.out_vars]
     if head_out:
-        key = np.ravel_multi_index(tuple(crd[v] for v in head_out), tuple(extents[v] for v in head_out))
+        key = np.ravel_multi_index(
+            tuple(crd[v] for v in head_out), tuple(extents[v] for v in head_out)
+        )
     else:
         key = np.zeros(n, dtype=np.int64)
     sort = np.argsort(key, kind="stable")
@@ -392,8 +467,13 @@ def _values(
         grouped[gid] = np.where(was, fn(grouped[gid], red), red)
         seen[gid] = True
     group_point = sort[first] if n else np.zeros(0, np.int64)
-    trailing = all(order.index(v) > max((order.index(u) for u in st.out_vars), default=-1) for v in st.reduce_vars)
-    n_out = np.bincount(group_point, minlength=n).astype(np.float64) * (np.prod(out_tail_shape) if out_tail_shape else 1)
+    trailing = all(
+        order.index(v) > max((order.index(u) for u in st.out_vars), default=-1)
+        for v in st.reduce_vars
+    )
+    n_out = np.bincount(group_point, minlength=n).astype(np.float64) * (
+        np.prod(out_tail_shape) if out_tail_shape else 1
+    )
     if st.reduce_vars:
         kind = "reducer" if trailing else "spacc"
         prims.append(Prim(f"{kind} {st.reduce}", kind, vdepth, inner, False))
@@ -404,12 +484,18 @@ def _values(
     if st.epilogue:
         grouped = UNARY[st.epilogue](grouped)
     prims.append(Prim(f"write {st.out}", "writer", depth, n_out, True))
-    coords_head = np.stack(np.unravel_index(uniq, tuple(extents[v] for v in head_out)), axis=1) if head_out else np.zeros((len(uniq), 0), np.int64)
+    coords_head = (
+        np.stack(np.unravel_index(uniq, tuple(extents[v] for v in head_out)), axis=1)
+        if head_out
+        else np.zeros((len(uniq), 0), np.int64)
+    )
     value = _build_output(st, head_out, tail_out, coords_head, grouped, extents)
     return value, group_point
 
 
-def _combine_tail(st: Statement, blocks: list[np.ndarray], tail: tuple[str, ...], tail_red: list[str]) -> np.ndarray:
+def _combine_tail(
+    st: Statement, blocks: list[np.ndarray], tail: tuple[str, ...], tail_red: list[str]
+) -> np.ndarray:
     letters = "abcdefghijklm"
     tail_sizes = [max(b.shape[1 + k] for b in blocks) for k in range(len(tail))]
     if st.combine == "mul":
@@ -419,14 +505,15 @@ def _combine_tail(st: Statement, blocks: list[np.ndarray], tail: tuple[str, ...]
             for b in blocks[1:]:
                 prod = prod * b
             axes = tuple(1 + k for k, v in enumerate(tail) if v in tail_red)
-            return prod.max(axis=axes)
+            return np.asarray(prod.max(axis=axes))
         subs = []
         squeezed = []
         for b in blocks:
             own = [k for k in range(len(tail)) if b.shape[1 + k] != 1 or tail_sizes[k] == 1]
             subs.append("z" + "".join(letters[k] for k in own))
             squeezed.append(b.reshape((b.shape[0], *(b.shape[1 + k] for k in own))))
-        return np.einsum(",".join(subs) + "->" + keep, *squeezed, optimize=len(blocks) > 2)
+        spec = ",".join(subs) + "->" + keep
+        return np.asarray(np.einsum(spec, *squeezed, optimize=len(blocks) > 2))
     if st.combine == "copy":
         combined = blocks[0]
     else:
@@ -437,24 +524,43 @@ def _combine_tail(st: Statement, blocks: list[np.ndarray], tail: tuple[str, ...]
     axes = tuple(1 + k for k, v in enumerate(tail) if v in tail_red)
     if not axes:
         return np.asarray(combined)
-    return combined.sum(axis=axes) if st.reduce == "sum" else combined.max(axis=axes)
+    return np.asarray(combined.sum(axis=axes) if st.reduce == "sum" else combined.max(axis=axes))
 
 
-def _build_output(st: Statement, head_out: list[str], tail_out: list[str], coords_head: np.ndarray, grouped: np.ndarray, extents: dict[str, int]) -> SparseTensor:
+def _build_output(
+    st: Statement,
+    head_out: list[str],
+    tail_out: list[str],
+    coords_head: np.ndarray,
+    grouped: np.ndarray,
+    extents: dict[str, int],
+) -> SparseTensor:
     """Store the output points in the statement's output order, one level per variable."""
     stream = [*head_out, *tail_out]
     g = len(coords_head)
     tail_shape = [extents[v] for v in tail_out]
     m = int(np.prod(tail_shape)) if tail_shape else 1
-    tail_coords = np.stack(np.unravel_index(np.arange(m), tail_shape), axis=1) if tail_shape else np.zeros((1, 0), np.int64)
-    coords = np.concatenate([np.repeat(coords_head, m, axis=0), np.tile(tail_coords, (g, 1))], axis=1)
+    tail_coords = (
+        np.stack(np.unravel_index(np.arange(m), tail_shape), axis=1)
+        if tail_shape
+        else np.zeros((1, 0), np.int64)
+    )
+    coords = np.concatenate(
+        [np.repeat(coords_head, m, axis=0), np.tile(tail_coords, (g, 1))], axis=1
+    )
     values = grouped.reshape(-1)
     order = tuple(st.out_vars.index(v) for v in stream)
     shape = tuple(extents[v] for v in st.out_vars)
     return from_coords(st.out, shape, coords, values, order)
 
 
-def from_coords(name: str, shape: tuple[int, ...], coords: np.ndarray, values: np.ndarray, order: tuple[int, ...]) -> SparseTensor:
+def from_coords(
+    name: str,
+    shape: tuple[int, ...],
+    coords: np.ndarray,
+    values: np.ndarray,
+    order: tuple[int, ...],
+) -> SparseTensor:
     """Build a tensor from points sorted in storage order (``coords`` columns in storage order).
 
     A level is dense where every fiber is full, compressed otherwise.
@@ -473,12 +579,23 @@ def from_coords(name: str, shape: tuple[int, ...], coords: np.ndarray, values: n
         else:
             owner = uniq // size
             seg = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n_parent))])
-            levels.append(StoredLevel(LevelKind.COMPRESSED, size, seg.astype(np.int64), (uniq % size).astype(np.int64)))
+            levels.append(
+                StoredLevel(
+                    LevelKind.COMPRESSED, size, seg.astype(np.int64), (uniq % size).astype(np.int64)
+                )
+            )
             parent_id = inverse.astype(np.int64)
             n_parent = len(uniq)
     vals = np.zeros(n_parent, dtype=np.float64)
     vals[parent_id] = values
-    return SparseTensor(name, shape, order, tuple(levels), vals, "dense" if all(lv.kind is LevelKind.DENSE for lv in levels) else "sparse")
+    return SparseTensor(
+        name,
+        shape,
+        order,
+        tuple(levels),
+        vals,
+        "dense" if all(lv.kind is LevelKind.DENSE for lv in levels) else "sparse",
+    )
 
 
 # -- regions ------------------------------------------------------------------------------------
@@ -541,14 +658,21 @@ def context_depth(consumer_order: tuple[str, ...], access_vars: tuple[str, ...])
     return max(first + 1, max(foreign, default=-1) + 1)
 
 
-def bound_prefix(consumer_order: tuple[str, ...], access_vars: tuple[str, ...], producer_out: tuple[str, ...]) -> tuple[str, ...]:
+def bound_prefix(
+    consumer_order: tuple[str, ...], access_vars: tuple[str, ...], producer_out: tuple[str, ...]
+) -> tuple[str, ...]:
     """The producer's output variables bound by the consumer's context, in consumer order."""
     d = context_depth(consumer_order, access_vars)
     rename = dict(zip(access_vars, producer_out, strict=True))
     return tuple(rename[v] for v in consumer_order[:d] if v in rename)
 
 
-def fusion_legal(consumer_order: tuple[str, ...], access_vars: tuple[str, ...], producer: Statement, producer_order: tuple[str, ...]) -> bool:
+def fusion_legal(
+    consumer_order: tuple[str, ...],
+    access_vars: tuple[str, ...],
+    producer: Statement,
+    producer_order: tuple[str, ...],
+) -> bool:
     """Whether a producer's order can feed its consumer's order without a buffer.
 
     The producer's order must start with the context's bound variables, and it must emit its
@@ -614,12 +738,12 @@ def simulate_region(
                 b = len(bound_prefix(orders[st.out], o.vars, producer.out_vars))
                 materialise[producer.out] = max(materialise[producer.out], b)
                 if not fusion_legal(orders[st.out], o.vars, producer, orders[producer.out]):
+                    prefix = bound_prefix(orders[st.out], o.vars, producer.out_vars)
                     raise ValueError(
                         expected(
                             f"region {sorted(names)}",
                             f"order of {producer.out}",
-                            f"starting with {bound_prefix(orders[st.out], o.vars, producer.out_vars)} and "
-                            f"emitting outputs as {st.out} reads them",
+                            f"starting with {prefix} and emitting outputs as {st.out} reads them",
                             orders[producer.out],
                         )
                     )
@@ -631,7 +755,9 @@ def simulate_region(
     for st in statements:
         tensors = {o.tensor: _stored_value(values[o.tensor]) for o in st.operands}
         stored = frozenset(o.tensor for o in st.operands if o.tensor not in names)
-        traces[st.out] = evaluate(st, orders[st.out], tensors, program.extents(st), materialise[st.out], stored)
+        traces[st.out] = evaluate(
+            st, orders[st.out], tensors, program.extents(st), materialise[st.out], stored
+        )
         values[st.out] = traces[st.out].value
     # weights, consumers first
     weights: dict[str, list[np.ndarray]] = {}
@@ -661,7 +787,12 @@ def simulate_region(
         prefixes = {len(bound_prefix(orders[c.out], a, st.out_vars)) for c, a in consumers[st.out]}
         if len(prefixes) != 1:
             raise ValueError(
-                expected(f"region {sorted(names)}", f"consumers of {st.out}", "one context depth", prefixes)
+                expected(
+                    f"region {sorted(names)}",
+                    f"consumers of {st.out}",
+                    "one context depth",
+                    prefixes,
+                )
             )
         b = prefixes.pop()
         prefix_depth[st.out] = b
@@ -679,11 +810,13 @@ def simulate_region(
             if b == 0:
                 base += wc.sum(axis=1, keepdims=True)
             else:
-                keys_c = _keys({rename[v]: ctr.crds[d][v] for v in bound}, tr.order[:b], program.extents(st))
+                keys_c = _keys(
+                    {rename[v]: ctr.crds[d][v] for v in bound}, tr.order[:b], program.extents(st)
+                )
                 at = np.searchsorted(keys_p, keys_c)
                 hit = (at < len(keys_p)) & (keys_p[np.minimum(at, len(keys_p) - 1)] == keys_c)
-                for lane in range(lanes):
-                    base[lane] += np.bincount(at[hit], weights=wc[lane][hit], minlength=size)
+                for k_lane in range(lanes):
+                    base[k_lane] += np.bincount(at[hit], weights=wc[k_lane][hit], minlength=size)
             per_consumer.append(base)
             if replicated[cons.out] <= d:
                 rep = 0
@@ -711,7 +844,11 @@ def simulate_region(
     return _region_cycles(statements, traces, prims, machine, names)
 
 
-def fork_granularity(producer: Statement, producer_order: tuple[str, ...], consumers: list[tuple[Statement, tuple[str, ...]]]) -> int:
+def fork_granularity(
+    producer: Statement,
+    producer_order: tuple[str, ...],
+    consumers: list[tuple[Statement, tuple[str, ...]]],
+) -> int:
     """How many leading variables of a producer's order a forked stream must buffer under.
 
     A consumer's values are final once it has seen one binding of the leading producer
@@ -731,7 +868,9 @@ def fork_granularity(producer: Statement, producer_order: tuple[str, ...], consu
     return depth
 
 
-def _fork_or_replay(tr: Trace, b: int, g: int, per_consumer: list[np.ndarray], fifo_depth: int) -> np.ndarray:
+def _fork_or_replay(
+    tr: Trace, b: int, g: int, per_consumer: list[np.ndarray], fifo_depth: int
+) -> np.ndarray:
     """Replays of a producer's streams, per binding of its context (depth ``b``).
 
     One consumer: its context count. Several consumers binding the same context: the stream
@@ -748,17 +887,21 @@ def _fork_or_replay(tr: Trace, b: int, g: int, per_consumer: list[np.ndarray], f
     tokens = writer.counts
     g = max(b, min(g, writer.depth))
     for t in range(writer.depth, g, -1):
-        tokens = np.bincount(tr.parents[t], weights=tokens, minlength=len(tr.parents[t - 1]) if t - 1 > 0 else 1)
+        tokens = np.bincount(
+            tr.parents[t], weights=tokens, minlength=len(tr.parents[t - 1]) if t - 1 > 0 else 1
+        )
     worst = tokens
     for t in range(g, b, -1):
         up = np.zeros(len(tr.parents[t - 1]) if t - 1 > 0 else 1)
         np.maximum.at(up, tr.parents[t], worst)
         worst = up
     fits = worst <= fifo_depth
-    return np.where(fits[None, :], most, total)
+    return np.asarray(np.where(fits[None, :], most, total))
 
 
-def _keys(crds: dict[str, np.ndarray], vars_: tuple[str, ...], extents: dict[str, int]) -> np.ndarray:
+def _keys(
+    crds: dict[str, np.ndarray], vars_: tuple[str, ...], extents: dict[str, int]
+) -> np.ndarray:
     if not vars_:
         return np.zeros(1, dtype=np.int64)
     return np.ravel_multi_index(tuple(crds[v] for v in vars_), tuple(extents[v] for v in vars_))
@@ -779,9 +922,15 @@ def _region_cycles(
     depth: dict[str, int] = {}
     for st in statements:
         own = len(traces[st.out].order) + 3
-        depth[st.out] = own + max((depth[o.tensor] for o in st.operands if o.tensor in names), default=0)
-    memory_levels = 1 + max((len(o.vars) for st in statements for o in st.operands if o.tensor not in names), default=0)
-    fill_cycles = 2 * machine.channel_latency_cycles * max(depth.values()) + (mem.latency_cycles * memory_levels if mem else 0)
+        depth[st.out] = own + max(
+            (depth[o.tensor] for o in st.operands if o.tensor in names), default=0
+        )
+    memory_levels = 1 + max(
+        (len(o.vars) for st in statements for o in st.operands if o.tensor not in names), default=0
+    )
+    fill_cycles = 2 * machine.channel_latency_cycles * max(depth.values()) + (
+        mem.latency_cycles * memory_levels if mem else 0
+    )
     flops = sum(p.tokens for p in prims if p.kind in _FLOP_KINDS)
     return RegionResult(
         tuple(st.out for st in statements),
@@ -845,9 +994,7 @@ def simulate(program: Program, schedule: Schedule, machine: Machine | None = Non
     machine = machine or Machine()
     covered = [s for r in schedule.regions for s in r]
     if sorted(covered) != sorted(st.out for st in program.statements):
-        raise ValueError(
-            expected("simulate", "schedule.regions", "every statement once", covered)
-        )
+        raise ValueError(expected("simulate", "schedule.regions", "every statement once", covered))
     orders = dict(schedule.orders)
     storage = {(s, t): o for s, t, o in schedule.storage}
     values: dict[str, SparseTensor] = dict(program.inputs)
@@ -863,11 +1010,21 @@ def simulate(program: Program, schedule: Schedule, machine: Machine | None = Non
                     if alias not in local:
                         local[alias] = restore(values[o.tensor], storage[(st.out, o.tensor)])
         sts = tuple(_rename(st, storage) for st in sts)
-        root = next(st for st in reversed(sts) if not any(st.out in (o.tensor for o in c.operands) for c in sts))
+        root = next(
+            st
+            for st in reversed(sts)
+            if not any(st.out in (o.tensor for o in c.operands) for c in sts)
+        )
         root_order = orders[root.out]
-        par = (root_order[schedule.par[0]], schedule.par[1]) if schedule.par and schedule.par[0] < len(root_order) else None
+        par = (
+            (root_order[schedule.par[0]], schedule.par[1])
+            if schedule.par and schedule.par[0] < len(root_order)
+            else None
+        )
         keep = frozenset(s for s in region if s in later_reads[k] or s in program.outputs)
-        result = simulate_region(_with_aliases(program, local), sts, orders, local, machine, par, keep)
+        result = simulate_region(
+            _with_aliases(program, local), sts, orders, local, machine, par, keep
+        )
         for s in region:
             values[s] = local[s]
         results.append(result)
@@ -913,7 +1070,9 @@ def _reads_after(program: Program, regions: tuple[tuple[str, ...], ...]) -> list
     """Per region, the tensors read by later regions."""
     out = []
     for k in range(len(regions)):
-        later = {o.tensor for r in regions[k + 1 :] for s in r for o in _statement(program, s).operands}
+        later = {
+            o.tensor for r in regions[k + 1 :] for s in r for o in _statement(program, s).operands
+        }
         out.append(later)
     return out
 

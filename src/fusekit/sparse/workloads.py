@@ -75,7 +75,9 @@ def gcn(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
     }
     sts = (
         Statement("XW1", ("l", "n"), (_op("X", "l", "m"), _op("W1", "m", "n")), "mul", "sum"),
-        Statement("H1", ("i", "n"), (_op("A", "i", "l"), _op("XW1", "l", "n")), "mul", "sum", "relu"),
+        Statement(
+            "H1", ("i", "n"), (_op("A", "i", "l"), _op("XW1", "l", "n")), "mul", "sum", "relu"
+        ),
         Statement("XW2", ("l", "c"), (_op("H1", "l", "n"), _op("W2", "n", "c")), "mul", "sum"),
         Statement("Y", ("i", "c"), (_op("A", "i", "l"), _op("XW2", "l", "c")), "mul", "sum"),
     )
@@ -103,17 +105,23 @@ def graphsage(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
         Statement("XN1", ("l", "n"), (_op("X", "l", "m"), _op("Wn1", "m", "n")), "mul", "sum"),
         Statement("XS1", ("i", "n"), (_op("X", "i", "m"), _op("Ws1", "m", "n")), "mul", "sum"),
         Statement("AG1", ("i", "n"), (_op("A", "i", "l"), _op("XN1", "l", "n")), "mul", "sum"),
-        Statement("H1", ("i", "n"), (_op("AG1", "i", "n"), _op("XS1", "i", "n")), "add", None, "relu"),
+        Statement(
+            "H1", ("i", "n"), (_op("AG1", "i", "n"), _op("XS1", "i", "n")), "add", None, "relu"
+        ),
         Statement("XN2", ("l", "c"), (_op("H1", "l", "n"), _op("Wn2", "n", "c")), "mul", "sum"),
         Statement("XS2", ("i", "c"), (_op("H1", "i", "n"), _op("Ws2", "n", "c")), "mul", "sum"),
         Statement("AG2", ("i", "c"), (_op("A", "i", "l"), _op("XN2", "l", "c")), "mul", "sum"),
         Statement("Y", ("i", "c"), (_op("AG2", "i", "c"), _op("XS2", "i", "c")), "add"),
     )
     program = Program(f"graphsage-{graph}", sts, inputs, ("Y",))
-    return Workload(program.name, program, (("XN1", "XS1", "AG1", "H1"), ("XN2", "XS2", "AG2", "Y")))
+    return Workload(
+        program.name, program, (("XN1", "XS1", "AG1", "H1"), ("XN2", "XS2", "AG2", "Y"))
+    )
 
 
-def autoencoder(batch: int = 32, features: int = 784, hidden: int = 128, sparsity: float = 0.9, seed: int = 0) -> Workload:
+def autoencoder(
+    batch: int = 32, features: int = 784, hidden: int = 128, sparsity: float = 0.9, seed: int = 0
+) -> Workload:
     """A sparse autoencoder ``Y = sigmoid(relu(X W1) W2)`` on a ``sparsity``-sparse batch."""
     rng = np.random.default_rng(seed)
     mask = rng.random((batch, features)) >= sparsity
@@ -125,13 +133,22 @@ def autoencoder(batch: int = 32, features: int = 784, hidden: int = 128, sparsit
     }
     sts = (
         Statement("H", ("b", "h"), (_op("X", "b", "f"), _op("W1", "f", "h")), "mul", "sum", "relu"),
-        Statement("Y", ("b", "g"), (_op("H", "b", "h"), _op("W2", "h", "g")), "mul", "sum", "sigmoid"),
+        Statement(
+            "Y", ("b", "g"), (_op("H", "b", "h"), _op("W2", "h", "g")), "mul", "sum", "sigmoid"
+        ),
     )
     program = Program(f"autoencoder-b{batch}", sts, inputs, ("Y",))
     return Workload(program.name, program, (("H",), ("Y",)))
 
 
-def bigbird_mask(tokens: int, block: int, random_blocks: int = 2, window: int = 1, global_blocks: int = 2, seed: int = 0) -> np.ndarray:
+def bigbird_mask(
+    tokens: int,
+    block: int,
+    random_blocks: int = 2,
+    window: int = 1,
+    global_blocks: int = 2,
+    seed: int = 0,
+) -> np.ndarray:
     """BigBird's block mask ``[tokens/block, tokens/block]``: window, random and global blocks."""
     nb = tokens // block
     rng = np.random.default_rng(seed)
@@ -144,7 +161,9 @@ def bigbird_mask(tokens: int, block: int, random_blocks: int = 2, window: int = 
     return m
 
 
-def bigbird(tokens: int = 1024, head_dim: int = 64, block: int = 64, heads: int = 1, seed: int = 0) -> Workload:
+def bigbird(
+    tokens: int = 1024, head_dim: int = 64, block: int = 64, heads: int = 1, seed: int = 0
+) -> Workload:
     """One head of GPT-style attention with a BigBird block-sparse mask.
 
     Heads are independent and identical in cost (same mask), so a study of ``h`` heads
@@ -165,7 +184,13 @@ def bigbird(tokens: int = 1024, head_dim: int = 64, block: int = 64, heads: int 
     }
     blk = ("I", "J", "ii", "jj")
     sts = (
-        Statement("S", blk, (_op("M", *blk), _op("Q", "I", "ii", "d"), _op("K", "J", "jj", "d")), "mul", "sum"),
+        Statement(
+            "S",
+            blk,
+            (_op("M", *blk), _op("Q", "I", "ii", "d"), _op("K", "J", "jj", "d")),
+            "mul",
+            "sum",
+        ),
         Statement("Mx", ("I", "ii"), (_op("S", *blk),), "copy", "max"),
         Statement("E", blk, (_op("S", *blk), _op("Mx", "I", "ii")), "sub", None, "exp"),
         Statement("Z", ("I", "ii"), (_op("E", *blk),), "copy", "sum"),
@@ -178,7 +203,10 @@ def bigbird(tokens: int = 1024, head_dim: int = 64, block: int = 64, heads: int 
 
 
 def by_name(name: str, quick: bool = False) -> Workload:
-    """A workload by name: ``gcn-cora``, ``graphsage-citeseer``, ``autoencoder``, ``bigbird-b32``."""
+    """A workload by name: ``gcn-cora``, ``graphsage-citeseer``, ``autoencoder``, ``bigbird-b32``.
+
+    ``quick`` shrinks BigBird to 256 tokens.
+    """
     kind, _, arg = name.partition("-")
     if kind in ("gcn", "graphsage"):
         return (gcn if kind == "gcn" else graphsage)(arg or "cora")
@@ -187,4 +215,7 @@ def by_name(name: str, quick: bool = False) -> Workload:
     if kind == "bigbird":
         block = int(arg.removeprefix("b")) if arg else 64
         return bigbird(tokens=256 if quick else 1024, block=block, heads=12)
-    raise ValueError(f"sparse: expected 'workload' to be gcn-<graph>, graphsage-<graph>, autoencoder or bigbird-b<block> (got {name!r})")
+    raise ValueError(
+        "sparse: expected 'workload' to be gcn-<graph>, graphsage-<graph>, autoencoder or "
+        f"bigbird-b<block> (got {name!r})"
+    )

@@ -18,7 +18,11 @@ def _figure(rows: list[dict[str, object]]) -> Figure:
     width = 0.25
     for k, cut in enumerate(cuts):
         speed = [
-            next(float(r["speedup vs unfused"]) for r in rows if r["workload"] == n and r["cut"] == cut)  # type: ignore[arg-type]
+            next(
+                float(r["speedup vs unfused"])
+                for r in rows
+                if r["workload"] == n and r["cut"] == cut
+            )  # type: ignore[arg-type]
             for n in names
         ]
         ax.bar([i + (k - 1) * width for i in range(len(names))], speed, width, label=cut)
@@ -29,7 +33,7 @@ def _figure(rows: list[dict[str, object]]) -> Figure:
     return Figure.from_matplotlib(
         "Best schedule per region cut",
         fig,
-        caption="Cycles of the best simulated schedule of each cut, relative to the best unfused one.",
+        caption="Cycles of the best simulated schedule of each cut over the best unfused one.",
     )
 
 

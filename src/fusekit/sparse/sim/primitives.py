@@ -165,8 +165,10 @@ class Repeater(Primitive):
 
 
 class Locator(Repeater):
-    """A dense level indexed by coordinates: repeats the parent reference per coordinate of
-    ``repsig`` and sends ``ref * size + crd`` (no scan of the level)."""
+    """A dense level indexed by coordinates (no scan of the level).
+
+    Repeats the parent reference per coordinate of ``repsig`` and sends ``ref * size + crd``.
+    """
 
     kind = "locator"
 
@@ -189,8 +191,14 @@ class Locator(Repeater):
 class Joiner(Primitive):
     """Intersecter or unioner of two (crd, ref) streams with equal fiber structure."""
 
-    def __init__(self, name: str, union: bool, crd_a: Channel, ref_a: Channel, crd_b: Channel, ref_b: Channel) -> None:
-        super().__init__(name, {"crd_a": crd_a, "ref_a": ref_a, "crd_b": crd_b, "ref_b": ref_b}, ("crd", "ref_a", "ref_b"))
+    def __init__(
+        self, name: str, union: bool, crd_a: Channel, ref_a: Channel, crd_b: Channel, ref_b: Channel
+    ) -> None:
+        super().__init__(
+            name,
+            {"crd_a": crd_a, "ref_a": ref_a, "crd_b": crd_b, "ref_b": ref_b},
+            ("crd", "ref_a", "ref_b"),
+        )
         self.union = union
         self.kind = "unioner" if union else "intersecter"
 
@@ -199,10 +207,10 @@ class Joiner(Primitive):
         return self.pop(f"ref_{side}")
 
     def _fire(self, now: int) -> bool:
-        heads = [self.peek(p, now) for p in ("crd_a", "ref_a", "crd_b", "ref_b")]
-        if any(h is None for h in heads) or not self.ready("crd", "ref_a", "ref_b"):
+        a, b = self.peek("crd_a", now), self.peek("crd_b", now)
+        refs = (self.peek("ref_a", now), self.peek("ref_b", now))
+        if a is None or b is None or None in refs or not self.ready("crd", "ref_a", "ref_b"):
             return False
-        a, ra, b, rb = heads
         if is_data(a) and is_data(b):
             if a == b:
                 self._out(a, self._take("a"), self._take("b"), now)
@@ -225,7 +233,7 @@ class Joiner(Primitive):
         else:
             self._take("a")
             self._take("b")
-            self._out(a, a, a, now)  # type: ignore[arg-type]
+            self._out(a, a, a, now)
             self.done = a is DONE
         return True
 
@@ -267,8 +275,9 @@ class ALU(Primitive):
         self.fn = fn
 
     def _fire(self, now: int) -> bool:
-        heads = [self.peek(p, now) for p in self.inputs]
-        if any(h is None for h in heads) or not self.ready("val"):
+        peeked = [self.peek(p, now) for p in self.inputs]
+        heads = [h for h in peeked if h is not None]
+        if len(heads) < len(peeked) or not self.ready("val"):
             return False
         for p in self.inputs:
             self.pop(p)
@@ -276,7 +285,7 @@ class ALU(Primitive):
             self.emit("val", float(self.fn(*(0.0 if h is EMPTY else h for h in heads))), now)
         else:
             ctrl = next(h for h in heads if not is_data(h))
-            self.emit("val", ctrl, now)  # type: ignore[arg-type]
+            self.emit("val", ctrl, now)
             self.done = ctrl is DONE
         return True
 
