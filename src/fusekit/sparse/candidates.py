@@ -166,6 +166,9 @@ def context(consumer_order: tuple[str, ...], access: tuple[str, ...]) -> int:
     return context_depth(consumer_order, access)
 
 
+#: Re-stored inputs: ``(statement, tensor, mode order)``.
+Storage = tuple[tuple[str, str, tuple[int, ...]], ...]
+
 #: Scores one region's option: ``(region, orders, storage, stored mode orders) -> cycles``.
 RankRegion = Callable[
     [
@@ -207,10 +210,14 @@ def enumerate_schedules(
                 dict[str, tuple[int, ...]],
             ]
         ] = [({}, (), {n: t.order for n, t in program.inputs.items()})]
+        cache: dict[tuple[object, ...], list[tuple[dict[str, tuple[str, ...]], Storage]]] = {}
         for region in regions:
             grown = []
             for orders, storage, stored in partial:
-                opts = region_options(program, region, patterns, stored, limit)
+                key = (region, tuple(sorted(stored.items())))
+                if key not in cache:
+                    cache[key] = region_options(program, region, patterns, stored, limit)
+                opts = cache[key]
                 if rank_region is not None and len(regions) > 1:
                     opts = sorted(
                         opts,

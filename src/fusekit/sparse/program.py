@@ -19,6 +19,7 @@ Index variables of different statements are unrelated until a region fuses them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,6 +205,13 @@ class Program:
 
 
 def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarray]:
+    """Evaluate a program densely (memoised per program; see :func:`_reference`)."""
+    out = _reference(program)
+    return {k: v for k, v in out.items() if with_masks or not k.endswith("#mask")}
+
+
+@functools.lru_cache(maxsize=8)
+def _reference(program: Program) -> dict[str, np.ndarray]:
     """Evaluate a program densely with numpy (the reference the simulator is checked against).
 
     Sparse semantics: ``mul`` is exact on dense arrays (absent = 0); a statement whose combine
@@ -272,8 +280,7 @@ def reference(program: Program, with_masks: bool = False) -> dict[str, np.ndarra
         perm = [keep.index(v) for v in st.out_vars]
         vals[st.out] = np.ascontiguousarray(np.transpose(np.where(mask, value, 0.0), perm))
         masks[st.out] = np.ascontiguousarray(np.transpose(mask, perm))
-    if with_masks:
-        vals.update({f"{k}#mask": m for k, m in masks.items()})
+    vals.update({f"{k}#mask": m for k, m in masks.items()})
     return vals
 
 
@@ -292,11 +299,11 @@ def _einsum_statement(
     letters = {v: chr(ord("a") + k) for k, v in enumerate(st.vars)}
     spec = ",".join("".join(letters[v] for v in o.vars) for o in st.operands)
     spec += "->" + "".join(letters[v] for v in st.out_vars)
-    value = np.einsum(spec, *(vals[o.tensor] for o in st.operands), optimize=True)
-    mask = (
-        np.einsum(spec, *(masks[o.tensor].astype(np.float32) for o in st.operands), optimize=True)
-        > 0
-    )
+    import torch  # torch's einsum contracts through BLAS; numpy's is far slower here
+
+    value = torch.einsum(spec, *(torch.from_numpy(vals[o.tensor]) for o in st.operands)).numpy()
+    ones = (torch.from_numpy(masks[o.tensor].astype(np.float32)) for o in st.operands)
+    mask = torch.einsum(spec, *ones).numpy() > 0
     if st.epilogue:
         value = np.where(mask, UNARY[st.epilogue](value), 0.0)
     return np.where(mask, value, 0.0), mask
