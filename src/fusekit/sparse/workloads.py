@@ -16,12 +16,15 @@ the ``partial`` cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 
 from fusekit.sparse.formats import from_dense, from_scipy
 from fusekit.sparse.program import Operand, Program, Statement
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +49,8 @@ def _op(t: str, *v: str) -> Operand:
 
 
 def _graph(name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
+    import scipy.sparse as sp
+
     from fusekit.data import planetoid
 
     g = planetoid(name)
@@ -57,6 +62,8 @@ def _graph(name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
 
 def gcn(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
     """A 2-layer GCN on a citation graph of :mod:`fusekit.data`."""
+    import scipy.sparse as sp
+
     a, x, classes = _graph(graph)
     n = a.shape[0]
     a_hat = a + sp.identity(n, format="csr")
@@ -87,6 +94,8 @@ def gcn(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
 
 def graphsage(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
     """A 2-layer GraphSAGE (mean aggregation, root weight) on a citation graph."""
+    import scipy.sparse as sp
+
     a, x, classes = _graph(graph)
     deg = np.maximum(np.asarray(a.sum(axis=1)).ravel(), 1.0)
     a_mean = sp.csr_matrix(sp.diags(1.0 / deg) @ a)
@@ -123,6 +132,8 @@ def autoencoder(
     batch: int = 32, features: int = 784, hidden: int = 128, sparsity: float = 0.9, seed: int = 0
 ) -> Workload:
     """A sparse autoencoder ``Y = sigmoid(relu(X W1) W2)`` on a ``sparsity``-sparse batch."""
+    import scipy.sparse as sp
+
     rng = np.random.default_rng(seed)
     mask = rng.random((batch, features)) >= sparsity
     x = sp.csr_matrix(np.where(mask, rng.random((batch, features)), 0.0))
@@ -169,6 +180,8 @@ def bigbird(
     Heads are independent and identical in cost (same mask), so a study of ``h`` heads
     simulates one and multiplies its cycles by ``h`` (``heads`` is recorded in the notes).
     """
+    import scipy.sparse as sp
+
     nb = tokens // block
     rng = np.random.default_rng(seed)
     blocks = bigbird_mask(tokens, block, seed=seed)
