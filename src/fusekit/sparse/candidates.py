@@ -5,7 +5,7 @@
 * **Dataflow orders**: per statement, every permutation of its index variables that visits each
   sparse operand's levels in storage order; inside a region a producer's order must start with
   the variables its consumer binds and emit its output in the order the consumer reads it
-  (:func:`fusekit.sparse.simulate.fusion_legal`). Together they are the topological orders of
+  (:func:`fusekit.sparse.fusion_table.fusion_legal`). Together they are the topological orders of
   the region's unified variables that every tensor's storage order allows.
 * **Storage orders**: a stored sparse matrix may be re-stored transposed (CSR ↔ CSC) and a
   block tensor ``M[I,J,ii,jj]`` row-split (levels ``I, ii, J, jj``), per statement.
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fusekit.sparse.formats import SparseTensor
+from fusekit.sparse.fusion_table import bound_prefix, fusion_legal
 from fusekit.sparse.program import Program, Statement, reference
 from fusekit.sparse.schedule import CUTS, Schedule
-from fusekit.sparse.simulate import bound_prefix, context_depth, fusion_legal
 from fusekit.sparse.workloads import Workload
 
 
@@ -161,22 +161,12 @@ def emitted_order(st: Statement, order: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(st.out_vars.index(v) for v in order if v in st.out_vars)
 
 
-def context(consumer_order: tuple[str, ...], access: tuple[str, ...]) -> int:
-    """Re-exported context depth (see :func:`fusekit.sparse.simulate.context_depth`)."""
-    return context_depth(consumer_order, access)
-
-
 #: Re-stored inputs: ``(statement, tensor, mode order)``.
 Storage = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 #: Scores one region's option: ``(region, orders, storage, stored mode orders) -> cycles``.
 RankRegion = Callable[
-    [
-        tuple[str, ...],
-        dict[str, tuple[str, ...]],
-        tuple[tuple[str, str, tuple[int, ...]], ...],
-        dict[str, tuple[int, ...]],
-    ],
+    [tuple[str, ...], dict[str, tuple[str, ...]], Storage, dict[str, tuple[int, ...]]],
     float,
 ]
 

@@ -388,3 +388,57 @@ def from_torch(name: str, tensor: Any, fmt: str | None = None) -> SparseTensor:
             t.layout,
         )
     )
+
+
+def from_coords(
+    name: str,
+    shape: tuple[int, ...],
+    coords: np.ndarray,
+    values: np.ndarray,
+    order: tuple[int, ...],
+) -> SparseTensor:
+    """Build a tensor from points sorted in storage order (``coords`` columns in storage order).
+
+    A level is dense where every fiber is full, compressed otherwise.
+    """
+    levels: list[StoredLevel] = []
+    n_parent = 1
+    parent_id = np.zeros(len(coords), dtype=np.int64)
+    for lvl, dim in enumerate(order):
+        size = shape[dim]
+        key = parent_id * size + coords[:, lvl]
+        uniq, inverse = np.unique(key, return_inverse=True)
+        if len(uniq) == n_parent * size:
+            levels.append(StoredLevel(LevelKind.DENSE, size))
+            parent_id = key
+            n_parent = n_parent * size
+        else:
+            owner = uniq // size
+            seg = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n_parent))])
+            levels.append(
+                StoredLevel(
+                    LevelKind.COMPRESSED, size, seg.astype(np.int64), (uniq % size).astype(np.int64)
+                )
+            )
+            parent_id = inverse.astype(np.int64)
+            n_parent = len(uniq)
+    vals = np.zeros(n_parent, dtype=np.float64)
+    vals[parent_id] = values
+    return SparseTensor(
+        name,
+        shape,
+        order,
+        tuple(levels),
+        vals,
+        "dense" if all(lv.kind is LevelKind.DENSE for lv in levels) else "sparse",
+    )
+
+
+def restore(t: SparseTensor, order: tuple[int, ...]) -> SparseTensor:
+    """Store ``t`` again in another mode order (levels dense where full, compressed otherwise)."""
+    if tuple(order) == t.order:
+        return t
+    coords, vals = t.coords()
+    stored = coords[:, list(order)]
+    key = np.lexsort(stored.T[::-1])
+    return from_coords(t.name, t.shape, stored[key], vals[key], tuple(order))

@@ -21,10 +21,78 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusekit.sparse.formats import SparseTensor
+from fusekit.sparse.formats import SparseTensor, restore
 from fusekit.sparse.program import Program, Statement
 from fusekit.sparse.schedule import Schedule
-from fusekit.sparse.simulate import context_depth, restore
+
+
+def context_depth(consumer_order: tuple[str, ...], access_vars: tuple[str, ...]) -> int:
+    """The depth of a consumer's loop nest at which a fused producer is replayed.
+
+    With the producer's output read as ``T[access_vars]``, the producer streams ``T``'s
+    sub-tensor once per consumer point at depth ``d``: the first access variable is bound and
+    every variable of the consumer that is not an access variable but comes before the last
+    access variable is bound too (it changes the stream the consumer expects, so the producer
+    must be replayed for it). Factored iteration: variables after the last access variable
+    never replay the producer.
+    """
+    pos = [consumer_order.index(v) for v in access_vars]
+    first, last = min(pos), max(pos)
+    foreign = [p for p in range(last) if consumer_order[p] not in access_vars]
+    return max(first + 1, max(foreign, default=-1) + 1)
+
+
+def bound_prefix(
+    consumer_order: tuple[str, ...], access_vars: tuple[str, ...], producer_out: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The producer's output variables bound by the consumer's context, in consumer order."""
+    d = context_depth(consumer_order, access_vars)
+    rename = dict(zip(access_vars, producer_out, strict=True))
+    return tuple(rename[v] for v in consumer_order[:d] if v in rename)
+
+
+def fusion_legal(
+    consumer_order: tuple[str, ...],
+    access_vars: tuple[str, ...],
+    producer: Statement,
+    producer_order: tuple[str, ...],
+) -> bool:
+    """Whether a producer's order can feed its consumer's order without a buffer.
+
+    The producer's order must start with the context's bound variables, and it must emit its
+    output variables in the order the consumer reads them.
+    """
+    prefix = bound_prefix(consumer_order, access_vars, producer.out_vars)
+    if producer_order[: len(prefix)] != prefix:
+        return False
+    rename = dict(zip(access_vars, producer.out_vars, strict=True))
+    wanted = [rename[v] for v in consumer_order if v in rename]
+    emitted = [v for v in producer_order if v in producer.out_vars]
+    return wanted == emitted
+
+
+def fork_granularity(
+    producer: Statement,
+    producer_order: tuple[str, ...],
+    consumers: list[tuple[Statement, tuple[str, ...]]],
+) -> int:
+    """How many leading variables of a producer's order a forked stream must buffer under.
+
+    A consumer's values are final once it has seen one binding of the leading producer
+    variables that are its own output variables (a reduction consumer finishes a row when its
+    reduced variables are exhausted); the consumer that waits for another's result buffers the
+    producer's output for one binding of the coarsest such prefix.
+    """
+    depth = len(producer_order)
+    for cons, access in consumers:
+        rename = dict(zip(producer.out_vars, access, strict=True))
+        g = 0
+        for v in producer_order:
+            if v not in rename or rename[v] not in cons.out_vars:
+                break
+            g += 1
+        depth = min(depth, g)
+    return depth
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fusekit.sparse.candidates import Patterns
+from fusekit.sparse.fusion_table import bound_prefix, context_depth, fork_granularity
 from fusekit.sparse.machine import Machine
 from fusekit.sparse.program import Program, Statement
 from fusekit.sparse.schedule import Schedule
-from fusekit.sparse.simulate import bound_prefix, context_depth, fork_granularity
 
 
 @dataclass(frozen=True, slots=True)
