@@ -1,0 +1,225 @@
+"""``fusekit sparse``: simulate a sparse model under a schedule, or explore its schedules."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fusekit.console import print_json, print_table
+
+app = typer.Typer(
+    help="Sparse models (GCN, GraphSAGE, sparse autoencoder, BigBird attention) on a streaming "
+    "dataflow machine: fusion tables, streaming graphs, a cycle simulator and a schedule explorer.",
+    no_args_is_help=True,
+)
+
+WorkloadArg = Annotated[
+    str,
+    typer.Argument(
+        help="gcn-<graph>, graphsage-<graph> (graph: cora, citeseer, cora_ml), autoencoder, "
+        "bigbird-b<block> (16, 32, 64)."
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _machine(fifo_depth: int, memory: bool) -> Any:
+    from fusekit.sparse.machine import Machine, MemoryModel
+
+    return Machine(fifo_depth=fifo_depth, memory=MemoryModel() if memory else None)
+
+
+def _par(level: int, factor: int) -> tuple[int, int] | None:
+    return (level, factor) if factor > 1 else None
+
+
+@app.command()
+def simulate(
+    workload: WorkloadArg = "gcn-cora",
+    cut: Annotated[str, typer.Option(help="unfused, partial or full.")] = "partial",
+    par_level: Annotated[int, typer.Option(help="Level of the region root to parallelise.")] = 0,
+    par_factor: Annotated[int, typer.Option(help="Lanes at that level (1: none).")] = 1,
+    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO.")] = 4096,
+    memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
+    table: Annotated[bool, typer.Option(help="Print each region's fusion table.")] = False,
+    quick: Annotated[bool, typer.Option(help="Smaller BigBird (256 tokens).")] = False,
+    json: JsonOption = False,
+) -> None:
+    """Simulate the best-estimated schedule of one cut; print cycles per region and primitive."""
+    from fusekit.sparse.fusion_table import fusion_table
+    from fusekit.sparse.search import explore
+    from fusekit.sparse.workloads import by_name
+
+    w = by_name(workload, quick=quick)
+    start = time.perf_counter()
+    ex = explore(
+        w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=_par(par_level, par_factor)
+    )
+    best = ex.best(cut)
+    wall_s = time.perf_counter() - start
+    assert best.result is not None
+    r = best.result
+    regions: list[dict[str, Any]] = [
+        {
+            "statements": list(g.statements),
+            "cycles": g.cycles,
+            "compute_cycles": g.compute_cycles,
+            "memory_cycles": g.memory_cycles,
+            "fill_cycles": g.fill_cycles,
+            "flops": g.flops,
+        }
+        for g in r.regions
+    ]
+    if json:
+        print_json(
+            {
+                "workload": w.name,
+                "schedule": best.schedule.label(),
+                "cycles": r.cycles,
+                "flops": r.flops,
+                "memory_bytes": r.memory_bytes,
+                "correct": best.correct,
+                "estimate_cycles": best.estimate.cycles,
+                "regions": regions,
+                "wall_s": wall_s,
+                "notes": w.notes,
+            }
+        )
+        return
+    print_table(
+        f"{w.name}, {best.schedule.label()}: {r.cycles:,.0f} cycles, {r.flops:,.0f} ops, "
+        f"outputs {'equal' if best.correct else 'DIFFER from'} the reference ({wall_s:.1f} s)",
+        ("region", "cycles", "compute", "memory", "fill", "ops"),
+        [
+            (
+                ",".join(g["statements"]),
+                g["cycles"],
+                g["compute_cycles"],
+                g["memory_cycles"],
+                g["fill_cycles"],
+                g["flops"],
+            )
+            for g in regions
+        ],
+    )
+    for k, g in enumerate(r.regions):
+        busiest = sorted(g.prims, key=lambda p: -p.busy_cycles)[:8]
+        print_table(
+            f"Busiest primitives of region {k} ({','.join(g.statements)})",
+            ("statement", "primitive", "kind", "tokens", "busy cycles"),
+            [(p.statement, p.name, p.kind, p.tokens, p.busy_cycles) for p in busiest],
+        )
+        if table:
+            print(fusion_table(w.program, best.schedule, k).format())
+    if w.notes:
+        print(w.notes)
+
+
+@app.command()
+def explore(
+    workload: WorkloadArg = "gcn-cora",
+    top: Annotated[int, typer.Option(help="Schedules simulated per cut (best estimates).")] = 3,
+    par_level: Annotated[int, typer.Option(help="Level of the region root to parallelise.")] = 0,
+    par_factor: Annotated[int, typer.Option(help="Lanes at that level (1: none).")] = 1,
+    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO.")] = 4096,
+    memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a plot (PNG) of the explored schedules.")
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="Smaller BigBird (256 tokens).")] = False,
+    json: JsonOption = False,
+) -> None:
+    """Enumerate schedules, rank them with the estimator, simulate the best of each cut."""
+    from fusekit.sparse.search import explore as run_explore
+    from fusekit.sparse.workloads import by_name
+
+    w = by_name(workload, quick=quick)
+    start = time.perf_counter()
+    ex = run_explore(w, _machine(fifo_depth, memory), top=top, par=_par(par_level, par_factor))
+    wall_s = time.perf_counter() - start
+    sims = ex.simulated
+    if plot is not None:
+        plot_exploration(plot, ex)
+    rows = [
+        {
+            "schedule": p.schedule.label(),
+            "cut": p.schedule.cut,
+            "cycles": p.result.cycles,
+            "estimate_cycles": p.estimate.cycles,
+            "flops": p.result.flops,
+            "correct": p.correct,
+        }
+        for p in sims
+        if p.result is not None
+    ]
+    if json:
+        print_json(
+            {
+                "workload": w.name,
+                "candidates": ex.candidates,
+                "simulated": rows,
+                "estimator_rank_of_best": ex.estimator_rank_of_best(),
+                "wall_s": wall_s,
+                "notes": w.notes,
+            }
+        )
+        return
+    print_table(
+        f"{w.name}: {ex.candidates} schedules, {len(sims)} simulated ({wall_s:.1f} s); the best "
+        f"simulated is #{ex.estimator_rank_of_best()} by estimate",
+        ("schedule", "cycles", "estimate", "ops", "correct"),
+        [
+            (r["schedule"], r["cycles"], r["estimate_cycles"], r["flops"], r["correct"])
+            for r in rows
+        ],
+    )
+    unfused = ex.best("unfused").result
+    best = {c: ex.best(c).result for c in ("unfused", "partial", "full")}
+    if unfused is not None and all(r is not None for r in best.values()):
+        print_table(
+            "Best per cut",
+            ("cut", "cycles", "speedup vs unfused", "ops vs unfused"),
+            [
+                (
+                    c,
+                    r.cycles,
+                    unfused.cycles / r.cycles,
+                    r.flops / unfused.flops,
+                )
+                for c, r in best.items()
+                if r is not None
+            ],
+        )
+    if w.notes:
+        print(w.notes)
+
+
+def plot_exploration(path: Path, ex: Any) -> None:
+    """Simulated cycles of the explored schedules by cut, against the estimator's cycles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    cuts = ("unfused", "partial", "full")
+    best = [ex.best(c).result.cycles for c in cuts]
+    a.bar(cuts, best, color=("#888", "#4a7", "#47a"))
+    a.set_ylabel("cycles (best schedule)")
+    a.set_title(ex.workload)
+    for c, marker in zip(cuts, "os^", strict=True):
+        pts = [p for p in ex.simulated if p.schedule.cut == c]
+        b.scatter(
+            [p.estimate.cycles for p in pts], [p.result.cycles for p in pts], marker=marker, label=c
+        )
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("estimated cycles")
+    b.set_ylabel("simulated cycles")
+    b.legend()
+    b.grid(alpha=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
