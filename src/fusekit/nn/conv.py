@@ -33,14 +33,11 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.nn import kmap as km
+from fusekit.nn.engine import strategy_for
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan
     from fusekit.gms.candidates import Config
-
-
-#: The dataflow the layers run when autograd records them (``strategy="auto"``).
-TRAINING_STRATEGY = "G-Mseg-S"
 
 
 @dataclass(eq=False)
@@ -344,15 +341,7 @@ class _SparseConv(torch.nn.Module):
                 )
             )
         entry = self._map(x)
-        strategy = self.strategy
-        if (
-            strategy == "auto"
-            and torch.is_grad_enabled()
-            and (x.features.requires_grad or self.weight.requires_grad)
-        ):
-            # The selector models the forward only; under autograd G-Mseg-S, whose backward is
-            # vendor GEMMs on the same segments, was faster in every training run measured.
-            strategy = TRAINING_STRATEGY
+        strategy = strategy_for(self.strategy, x.features, self.weight)
         plan, cfg = entry.plan_for(
             self.in_channels, self.out_channels, x.features.dtype, x.features.device, strategy
         )

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fusekit.errors import expected
-from fusekit.nn.engine import IndexCache, Prepared, prepare
+from fusekit.nn.engine import IndexCache, Prepared, prepare, strategy_for
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,7 +53,8 @@ class RGCNConv(nn.Module):
         root_weight: add ``x_i @ root``.
         is_sorted: accepted for compatibility (the plan sorts once per graph anyway).
         bias: add a learned bias.
-        strategy: ``"auto"`` (the gms selector) or a gms strategy name.
+        strategy: ``"auto"`` (the gms selector; under autograd
+            :data:`~fusekit.nn.engine.TRAINING_STRATEGY`) or a gms strategy name.
     """
 
     def __init__(
@@ -207,10 +208,13 @@ class RGCNConv(nn.Module):
         m_out = self.out_channels // blocks
         prepared: Prepared
         scale: torch.Tensor | None
+        strategy = strategy_for(self.strategy, x_l, weight)
         prepared, scale = self._plans.get(
             (edge_index, edge_type),
-            extra,
-            lambda: self._prepare(edge_index, edge_type, n_src, n_dst, blocks, k_in, m_out, x_l),
+            (*extra, strategy),
+            lambda: self._prepare(
+                edge_index, edge_type, n_src, n_dst, blocks, k_in, m_out, x_l, strategy
+            ),
         )
         x_blocks = x_l.contiguous().view(n_src * blocks, k_in)
         w = weight.reshape(self.num_relations * blocks, k_in, m_out)
@@ -226,6 +230,7 @@ class RGCNConv(nn.Module):
         k_in: int,
         m_out: int,
         x: torch.Tensor,
+        strategy: str,
     ) -> tuple[Prepared, torch.Tensor | None]:
         from fusekit.gms.problem import GMSProblem
 
@@ -258,7 +263,7 @@ class RGCNConv(nn.Module):
             x.dtype,
             has_scale=scale is not None,
             device=x.device,
-            strategy=self.strategy,
+            strategy=strategy,
         )
         return prepared, scale
 
