@@ -15,8 +15,8 @@ Parts (each in one process, one implementation timed at a time, medians):
   gather -> scale -> ``index_add_``), and ``fusekit.nn.RGCNConv`` (gms selector). All load the
   same parameters and are checked equal before timing.
 * ``bgs``: a 2-layer RGCN (learned 16-wide node embeddings -> 16 -> 2) forward+backward on the
-  BGS-shaped graph, each implementation in its own subprocess so that its peak RSS
-  (``ru_maxrss``) is its own.
+  BGS-shaped graph, each implementation in its own subprocess so that its peak RSS (``VmHWM``
+  of ``/proc/self/status``) is its own.
 * ``train``: the 2-layer entity-classification RGCN of PyG's example (featureless first layer,
   30 bases, hidden 16, Adam 0.01, weight decay 5e-4) on the real AIFB split, 50 epochs, fusekit
   and PyG from the same initial parameters and seed: test accuracy and seconds per epoch.
@@ -207,8 +207,12 @@ def layer_problem(g: EntityGraph, k: int, repeats: int, budget_s: float) -> list
 
 
 _BGS_CHILD = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 from fusekit.data import entities_shaped
+def hwm():  # this process's peak RSS in bytes (VmHWM; ru_maxrss keeps the parent's across exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
 impl, scale = sys.argv[1], float(sys.argv[2])
 g = entities_shaped("bgs", seed=0, scale=scale)
 if impl == "pyg RGCNConv":
@@ -224,13 +228,13 @@ def step():
     loss = torch.nn.functional.cross_entropy(out[g.train_idx], g.train_y)
     loss.backward()
     return float(loss)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm()
 times = []
 for _ in range(3):
     t = time.perf_counter(); loss = step(); times.append(time.perf_counter() - t)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"times_s": times, "loss": loss, "peak_rss_bytes": peak * 1024,
-                  "rss_before_bytes": base * 1024, "nodes": g.num_nodes, "edges": g.num_edges}))
+peak = hwm()
+print(json.dumps({"times_s": times, "loss": loss, "peak_rss_bytes": peak,
+                  "rss_before_bytes": base, "nodes": g.num_nodes, "edges": g.num_edges}))
 """
 
 
