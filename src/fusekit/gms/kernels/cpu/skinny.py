@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 #: Most rows a segment may have for :func:`segment_skinny_mm` (ATen's ``mm`` is as fast beyond).
 SKINNY_ROWS = 16
 
-#: Output columns per inner block: the block's accumulators and 4 rows of ``w`` stay in L1.
-BLOCK_COLS = 256
-
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _segment_skinny_kernel(a, w, bounds, segments, chunks, out):  # type: ignore[no-untyped-def]
@@ -50,47 +47,42 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, out):  # type: ignore
         c1 = (c + 1) * cols // chunks
         lo = bounds[s]
         rows = bounds[s + 1] - lo
+        width = c1 - c0
+        acc = np.zeros((rows, width), dtype=out.dtype)
         ws = w[s]
-        acc = np.empty((rows, BLOCK_COLS), dtype=out.dtype)
-        for b0 in range(c0, c1, BLOCK_COLS):
-            b1 = min(c1, b0 + BLOCK_COLS)
-            width = b1 - b0
-            acc[:, :] = 0.0
-            k = 0
-            while k + 4 <= depth:
-                w0r, w1r = ws[k, b0:b1], ws[k + 1, b0:b1]
-                w2r, w3r = ws[k + 2, b0:b1], ws[k + 3, b0:b1]
-                r = 0
-                while r + 2 <= rows:
-                    a0, a1 = a[lo + r, k], a[lo + r, k + 1]
-                    a2, a3 = a[lo + r, k + 2], a[lo + r, k + 3]
-                    b0_, b1_ = a[lo + r + 1, k], a[lo + r + 1, k + 1]
-                    b2_, b3_ = a[lo + r + 1, k + 2], a[lo + r + 1, k + 3]
-                    ar = acc[r]
-                    br = acc[r + 1]
-                    for m in range(width):
-                        w0, w1, w2, w3 = w0r[m], w1r[m], w2r[m], w3r[m]
-                        ar[m] += a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
-                        br[m] += b0_ * w0 + b1_ * w1 + b2_ * w2 + b3_ * w3
-                    r += 2
-                if r < rows:
-                    a0, a1 = a[lo + r, k], a[lo + r, k + 1]
-                    a2, a3 = a[lo + r, k + 2], a[lo + r, k + 3]
-                    ar = acc[r]
-                    for m in range(width):
-                        ar[m] += a0 * w0r[m] + a1 * w1r[m] + a2 * w2r[m] + a3 * w3r[m]
-                k += 4
-            while k < depth:
-                wr = ws[k, b0:b1]
-                for r in range(rows):
-                    a0 = a[lo + r, k]
-                    ar = acc[r]
-                    for m in range(width):
-                        ar[m] += a0 * wr[m]
-                k += 1
-            for r in range(rows):
+        k = 0
+        while k + 4 <= depth:
+            w0r, w1r = ws[k, c0:c1], ws[k + 1, c0:c1]
+            w2r, w3r = ws[k + 2, c0:c1], ws[k + 3, c0:c1]
+            r = 0
+            while r + 2 <= rows:
+                a0, a1, a2, a3 = a[lo + r, k], a[lo + r, k + 1], a[lo + r, k + 2], a[lo + r, k + 3]
+                b0, b1 = a[lo + r + 1, k], a[lo + r + 1, k + 1]
+                b2, b3 = a[lo + r + 1, k + 2], a[lo + r + 1, k + 3]
+                ar = acc[r]
+                br = acc[r + 1]
                 for m in range(width):
-                    out[lo + r, b0 + m] = acc[r, m]
+                    w0, w1, w2, w3 = w0r[m], w1r[m], w2r[m], w3r[m]
+                    ar[m] += a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
+                    br[m] += b0 * w0 + b1 * w1 + b2 * w2 + b3 * w3
+                r += 2
+            if r < rows:
+                a0, a1, a2, a3 = a[lo + r, k], a[lo + r, k + 1], a[lo + r, k + 2], a[lo + r, k + 3]
+                ar = acc[r]
+                for m in range(width):
+                    ar[m] += a0 * w0r[m] + a1 * w1r[m] + a2 * w2r[m] + a3 * w3r[m]
+            k += 4
+        while k < depth:
+            wr = ws[k, c0:c1]
+            for r in range(rows):
+                a0 = a[lo + r, k]
+                ar = acc[r]
+                for m in range(width):
+                    ar[m] += a0 * wr[m]
+            k += 1
+        for r in range(rows):
+            for m in range(width):
+                out[lo + r, c0 + m] = acc[r, m]
 
 
 def segment_skinny_mm(
