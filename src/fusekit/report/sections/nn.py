@@ -76,9 +76,11 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
         try:
             from transformers import MixtralConfig
             from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+            from transformers.utils import logging as hf_logging
         except ImportError:
             pass
         else:
+            hf_logging.set_verbosity_error()  # a standalone experts module is expected here
             hf = MixtralExperts(
                 MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=experts)
             )
