@@ -38,6 +38,7 @@ from fusekit.ir.interpret import interpret
 from fusekit.stitch.alone import AtenContraction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify
+from fusekit.stitch.schemes import Unfusable
 from fusekit.stitch.search import Plan, plan
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
 
         try:
             kernel = TritonKernel(graph, group.layout)
-        except NotImplementedError as e:
+        except Unfusable as e:
             log.info("stitch: %s runs unstitched on the Triton backend: %s", sorted(group.ops), e)
             return _Alone(graph, group)
     else:

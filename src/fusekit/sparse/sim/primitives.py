@@ -7,6 +7,7 @@ It fires only when every output it would write has room: that is the backpressur
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from fusekit.sparse.sim.channel import Channel
 from fusekit.sparse.sim.tokens import DONE, EMPTY, Stop, Token, is_data
 
 
-class Primitive:
+class Primitive(ABC):
     """Base: named input channels, named outputs (each fanned out to several channels)."""
 
     kind = "primitive"
@@ -58,8 +59,9 @@ class Primitive:
         self.firings += int(fired)
         return fired
 
+    @abstractmethod
     def _fire(self, now: int) -> bool:
-        raise NotImplementedError
+        """Issue at most one token per output this cycle; whether anything moved."""
 
 
 class LevelScanner(Primitive):
@@ -352,8 +354,9 @@ class _Queued(Primitive):
             return sent
         return self._consume(now) or sent
 
+    @abstractmethod
     def _consume(self, now: int) -> bool:
-        raise NotImplementedError
+        """Read inputs and append results to the queues; whether anything was read."""
 
 
 class CoordDropper(_Queued):

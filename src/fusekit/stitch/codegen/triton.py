@@ -36,7 +36,7 @@ from fusekit.ir.graph import Graph
 from fusekit.ir.op import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.stitch.codegen.render import Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
-from fusekit.stitch.schemes import Layout, Role, RowStep
+from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable
 
 if TYPE_CHECKING:
     import torch
@@ -129,15 +129,15 @@ class _Emitter:
         for op in lay.ops:
             for n in walk(lay.exprs[op]):
                 if isinstance(n, Call) and n.fn not in _FUNCTIONS:
-                    raise NotImplementedError(f"function {n.fn} has no Triton spelling")
+                    raise Unfusable(f"function {n.fn} has no Triton spelling")
                 if isinstance(n, Reduce) and n.op.value not in _REDUCE:
-                    raise NotImplementedError(f"{n.op.value} reductions")
+                    raise Unfusable(f"{n.op.value} reductions")
             if lay.roles[op] is Role.COL_REDUCE:
                 if not self.registers:
-                    raise NotImplementedError("column reductions over rows longer than a block")
+                    raise Unfusable("column reductions over rows longer than a block")
                 inner = set(lay.inner_dims)
                 if any(lay.var_dims[op][v] in inner for r in self.reduces(op) for v in r.vars):
-                    raise NotImplementedError(f"{op} also reduces inner dims")
+                    raise Unfusable(f"{op} also reduces inner dims")
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -291,7 +291,7 @@ def generate_triton(graph: Graph, layout: Layout) -> str:
     ``kernel``, plus ``combine_<op>`` (phase 2) per column reduction.
 
     Raises:
-        NotImplementedError: for what the backend does not spell (see the module docstring).
+        Unfusable: for what the backend does not spell (see the module docstring).
     """
     return _Emitter(graph, layout).kernel()
 
@@ -304,7 +304,7 @@ class TritonKernel:
         layout: the group's :class:`Layout`.
 
     Raises:
-        NotImplementedError: if the group has no Triton spelling (the runner runs it alone).
+        Unfusable: if the group has no Triton spelling (the runner runs it alone).
     """
 
     def __init__(self, graph: Graph, layout: Layout) -> None:
