@@ -30,8 +30,6 @@ and ``moe_cpu.png``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from fusekit.data.tokens import moe_batch
 from fusekit.hw import CPUTarget, detect
 from fusekit.nn.moe import MoE
 from fusekit.report.records import run_metadata, write_results
+from fusekit.search.measure import time_call
 
 STRATEGIES = ("G-Mseg-S", "(GM)seg-S", "(GMS)seg")
 SHAPES = {  # name: (experts, top_k, hidden, ffn)
@@ -114,19 +113,9 @@ def time_impls(
     impls: dict[str, Callable[[], object]], repeats: int, budget_s: float
 ) -> dict[str, float]:
     """Median seconds per impl: one impl at a time, a warm-up call, then up to ``repeats``."""
-    out = {}
-    for name, fn in impls.items():
-        fn()
-        samples = []
-        start_all = time.perf_counter()
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-            if time.perf_counter() - start_all > budget_s and len(samples) >= 3:
-                break
-        out[name] = statistics.median(samples)
-    return out
+    return {
+        name: time_call(fn, repeats, max_total_s=budget_s).median_s for name, fn in impls.items()
+    }
 
 
 def run_shape(

@@ -43,25 +43,16 @@ from fusekit.data import EntityGraph, entities
 from fusekit.hw import CPUTarget, detect
 from fusekit.nn.rgcn import RGCNConv
 from fusekit.report.records import run_metadata, write_results
+from fusekit.search.measure import time_call
 
 
 def time_impls(
     impls: dict[str, Callable[[], object]], repeats: int, budget_s: float
 ) -> dict[str, float]:
     """Median seconds per impl: one impl at a time, a warm-up call, then up to ``repeats``."""
-    out = {}
-    for name, fn in impls.items():
-        fn()
-        samples: list[float] = []
-        start_all = time.perf_counter()
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-            if time.perf_counter() - start_all > budget_s and len(samples) >= 3:
-                break
-        out[name] = statistics.median(samples)
-    return out
+    return {
+        name: time_call(fn, repeats, max_total_s=budget_s).median_s for name, fn in impls.items()
+    }
 
 
 def aten_compositions(

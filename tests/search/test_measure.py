@@ -26,3 +26,12 @@ def test_time_call_rejects_bad_counts():
         time_call(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="warmup"):
         time_call(lambda: None, warmup=-1)
+
+
+def test_max_total_s_stops_a_slow_call_early():
+    import time
+
+    from fusekit.search.measure import time_call
+
+    timing = time_call(lambda: time.sleep(0.01), repeats=50, warmup=0, max_total_s=0.02)
+    assert 3 <= timing.samples < 50

@@ -37,7 +37,11 @@ class Timing:
 
 
 def time_call(
-    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, min_total_s: float = 0.0
+    fn: Callable[[], object],
+    repeats: int = 5,
+    warmup: int = 1,
+    min_total_s: float = 0.0,
+    max_total_s: float | None = None,
 ) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then at least ``repeats`` timed ones.
 
@@ -47,6 +51,8 @@ def time_call(
         warmup: untimed calls first (compilation, caches, allocator).
         min_total_s: keep timing beyond ``repeats`` until this much time was spent, so that
             microsecond calls still get a stable median.
+        max_total_s: stop before ``repeats`` once this much time was spent and at least
+            ``min(3, repeats)`` calls were timed (slow peers in side-by-side benchmarks).
 
     Returns:
         The :class:`Timing`.
@@ -67,6 +73,8 @@ def time_call(
         fn()
         samples.append(time.perf_counter() - start)
         spent += samples[-1]
+        if max_total_s is not None and spent >= max_total_s and len(samples) >= min(3, repeats):
+            break
     samples.sort()
     if len(samples) >= 10:
         q = statistics.quantiles(samples, n=10)

@@ -7,24 +7,13 @@ equal to its peer, then timed side by side in this process.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.records import bar_chart
 from fusekit.report.tour import TourOptions
-
-
-def _median_s(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from fusekit.search.measure import time_call
 
 
 def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
@@ -53,7 +42,9 @@ def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
         expected = impls["pyg RGCNConv"]() if pyg is not None else None
         for name, fn in impls.items():
             err = float((fn() - expected).abs().max()) if expected is not None else None
-            t = _median_s(fn, repeats if name.startswith("fusekit") else max(1, repeats // 4))
+            t = time_call(
+                fn, repeats if name.startswith("fusekit") else max(1, repeats // 4)
+            ).median_s
             rows.append({"layer": "RGCN (AIFB, K=M=16)", "impl": name, "median_s": t, "err": err})
     return rows
 
@@ -94,7 +85,7 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
             expected = impls.get("HF Mixtral experts loop", impls["fusekit MoE"])()
             for name, fn in impls.items():
                 err = float((fn() - expected).abs().max())
-                t = _median_s(fn, repeats)
+                t = time_call(fn, repeats).median_s
                 rows.append(
                     {
                         "layer": f"MoE 8x2 h{hidden} f{ffn}, {tokens} tokens",
@@ -145,7 +136,7 @@ def _conv_rows(repeats: int) -> list[dict[str, Any]]:
                 {
                     "layer": f"SubMConv3d (real scan, {scan.coords.shape[0]} voxels, C=32)",
                     "impl": name,
-                    "median_s": _median_s(fn, repeats),
+                    "median_s": time_call(fn, repeats).median_s,
                     "err": err,
                 }
             )
