@@ -35,18 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-import fusekit.data
+from fusekit.data import entities, lidar_scan
 from fusekit.gms import GMSPlan, GMSProblem, enumerate_candidates, gms, plan
 from fusekit.gms import workloads as W
 from fusekit.gms.kernels.cpu.g_mseg_s import grouped_mm_supported
 from fusekit.gms.kernels.reference import gms_aten
 from fusekit.hw import CPUTarget, detect
 from fusekit.report.records import run_metadata, write_results
-
-DATA = Path(fusekit.data.__file__).parent / "files"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +62,15 @@ class Config:
 
 
 def rgcn(name: str) -> W.Workload:
-    z = np.load(DATA / f"{name}.npz")
-    head, relation, tail = (torch.from_numpy(z[k]).long() for k in ("head", "relation", "tail"))
-    return W.rgcn_from_triples(name, head, relation, tail, int(z["num_nodes"]))
+    g = entities(name)  # each triple in both directions, inverse relations r + R
+    src, dst = g.edge_index
+    return W.Workload(
+        name, src, g.edge_type, dst, g.num_nodes, g.num_nodes, g.num_relations, "mean"
+    )
 
 
 def lidar() -> W.Workload:
-    return W.kernel_map(
-        "lidar-0.1m", torch.from_numpy(np.load(DATA / "lidar_251370668.npz")["coords"])
-    )
+    return W.kernel_map("lidar-0.1m", lidar_scan().coords[:, 1:])
 
 
 def configs(quick: bool) -> list[Config]:
