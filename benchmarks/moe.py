@@ -19,9 +19,11 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
   of at most 32 rows use the weight-streaming kernel); ``over_floor`` is over the faster.
 
 Roofline: with few tokens the expert weights must stream from DRAM once (bytes = active experts x
-3 x hidden x ffn x 4), bound = bytes / the measured streaming bandwidth; with many tokens the
-GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs over the measured GEMM FLOP/s). Each row's
-``fraction_of_roofline`` is the larger bound over its time.
+3 x hidden x ffn x 4), bound = bytes / the read bandwidth measured in this process just before
+(``fusekit.hw.detect.read_bytes_per_s``: a 256 MiB sum; nothing is written, so the copy rate
+would understate it); with many tokens the GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs
+over the measured GEMM FLOP/s). Each row's ``fraction_of_roofline`` is the larger bound over its
+time.
 
 Run: ``.venv/bin/python benchmarks/moe.py [--quick]`` -> ``benchmarks/results/moe_cpu.json``
 and ``moe_cpu.png``.
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 
 from fusekit.data.tokens import moe_batch
 from fusekit.hw import CPUTarget, detect
+from fusekit.hw.detect import read_bytes_per_s
 from fusekit.nn.moe import MoE
 from fusekit.report.records import run_metadata, write_results
 from fusekit.search.measure import time_call
@@ -119,7 +122,7 @@ def time_impls(
 
 
 def run_shape(
-    shape: str, tokens: int, target: CPUTarget, repeats: int, budget_s: float
+    shape: str, tokens: int, target: CPUTarget, read_bw: float, repeats: int, budget_s: float
 ) -> list[dict[str, object]]:
     """Every contender on one shape and token count."""
     num_experts, top_k, hidden, ffn = SHAPES[shape]
@@ -153,11 +156,14 @@ def run_shape(
                 if err > 1e-4:
                     raise SystemExit(f"{shape} T={tokens}: {name} differs from hf loop ({err:.2e})")
         times = time_impls(impls, repeats, budget_s)
+        path = moe.last_path
     active = int(torch.unique(idx).numel())
     pairs = tokens * top_k
     weight_bytes = active * 3 * hidden * ffn * 4
     flops = 2 * pairs * 3 * hidden * ffn
-    bound_s = max(weight_bytes / target.mem_bw_bytes_per_s, flops / target.peak_flops_per_s["fp32"])
+    stream_s = weight_bytes / read_bw
+    compute_s = flops / target.peak_flops_per_s["fp32"]
+    bound_s = max(stream_s, compute_s)
     peers = min(times["hf loop"], times["grouped_mm"])
     floor = min(times["floor torch.mm"], times["floor segment_mm"])
     rows = []
@@ -172,12 +178,9 @@ def run_shape(
                 "speedup_over_best_peer": peers / median,
                 "over_floor": median / floor,
                 "fraction_of_roofline": bound_s / median,
-                "bound": "bandwidth"
-                if weight_bytes / target.mem_bw_bytes_per_s
-                > flops / target.peak_flops_per_s["fp32"]
-                else "compute",
+                "bound": "bandwidth" if stream_s > compute_s else "compute",
                 "active_experts": active,
-                "selected": "expert segments (G-Mseg-S)" if name == "fusekit" else None,
+                "selected": path if name == "fusekit" else None,
             }
         )
     return rows
@@ -225,6 +228,7 @@ def main() -> None:
     target = detect(refresh=True)
     if not isinstance(target, CPUTarget):
         raise SystemExit("moe.py measures the CPU; detect() gave no CPU target")
+    read_bw = read_bytes_per_s()
     tokens = (1, 64, 256) if args.quick else TOKENS
     if args.tokens:
         tokens = tuple(int(t) for t in args.tokens.split(","))
@@ -233,7 +237,7 @@ def main() -> None:
     records: list[dict[str, object]] = []
     for shape in shapes:
         for t in tokens:
-            rows = run_shape(shape, t, target, repeats, args.budget)
+            rows = run_shape(shape, t, target, read_bw, repeats, args.budget)
             records += rows
             by = {r["impl"]: r for r in rows}
             f = by["fusekit"]
@@ -247,6 +251,7 @@ def main() -> None:
             )
     meta = run_metadata(target.to_dict())
     meta["threads"] = torch.get_num_threads()
+    meta["read_bw_bytes_per_s"] = read_bw
     meta["plot"] = {"x": "tokens", "y": "speedup_over_best_peer", "hue": "impl", "log_y": True}
     path = write_results(args.out, records, meta)
     plot(records, args.out.with_suffix(".png"))

@@ -67,6 +67,20 @@ def _best_time_s(fn: Callable[[], object], trials: int) -> float:
     return min(times)
 
 
+def read_bytes_per_s(nbytes: int = COPY_BYTES, trials: int = 5) -> float:
+    """Best rate of streaming ``nbytes`` of fp32 from DRAM into a sum: ``nbytes / t_sum``.
+
+    The bound for kernels that only read their big operand (weight-streaming GEMV, MoE experts
+    at a few tokens): no write-allocate traffic, so on most machines above the copy rate of
+    ``mem_bw_bytes_per_s``. Measured on demand rather than stored in the target.
+    """
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    src.sum()
+    return nbytes / _best_time_s(src.sum, trials=trials)
+
+
 def measure() -> Measurements:
     """Time a streaming copy, an fp32 GEMM and a tiny op with torch on this CPU.
 

@@ -25,7 +25,10 @@ block runs the ``G-Mseg-S`` dataflow on expert segments directly (:class:`Expert
 stable argsort of the ``T k`` pairs by expert, no tiles or orders), with the gms kernels: numba
 row gather, one GEMM per expert segment into one buffer, and a numba reduce of the scaled rows
 into their tokens (each token's ``k`` rows read once, its output row written once). Its backward
-is written out in :class:`_ExpertsFn`. A named gms strategy instead plans the two problems in full
+is written out in :class:`_ExpertsFn`. Without autograd and with at most
+:data:`~fusekit.nn.moe_decode.DECODE_ROWS` pairs per expert (decode-sized batches) the whole
+expert half instead runs in one numba call (:mod:`fusekit.nn.moe_decode`), which equals this path.
+A named gms strategy instead plans the two problems in full
 and runs :func:`fusekit.gms.gms` twice (every dataflow; slower to plan).
 """
 
@@ -39,6 +42,7 @@ from torch.nn import functional as F
 
 from fusekit.errors import expected
 from fusekit.nn.engine import prepare
+from fusekit.nn.moe_decode import decode_applies, experts_decode
 
 
 class MoE(nn.Module):
@@ -79,6 +83,8 @@ class MoE(nn.Module):
         self.hidden_size, self.ffn_size = hidden_size, ffn_size
         self.num_experts, self.top_k = num_experts, top_k
         self.strategy = strategy
+        #: Which path the last :meth:`experts` call ran (for reports).
+        self.last_path = ""
         self.router = nn.Parameter(torch.empty(num_experts, hidden_size))
         self.w_gate_up = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * ffn_size))
         self.w_down = nn.Parameter(torch.empty(num_experts, ffn_size, hidden_size))
@@ -127,9 +133,18 @@ class MoE(nn.Module):
     ) -> torch.Tensor:
         """The expert half: ``y[t] = sum_j weights[t, j] * SwiGLU_{experts[t, j]}(x[t])``."""
         if self.strategy == "auto":
+            if not _needs_grad(x, self.w_gate_up, self.w_down, weights) and decode_applies(
+                x, experts, self.num_experts
+            ):
+                y = experts_decode(x, experts, weights, self.w_gate_up, self.w_down)
+                if y is not None:
+                    self.last_path = "fused decode"
+                    return y
+            self.last_path = "expert segments (G-Mseg-S)"
             seg = ExpertSegments.of(experts, self.num_experts)
             scale = weights.reshape(-1).to(x.dtype)
             return _ExpertsFn.apply(x, self.w_gate_up, self.w_down, scale, seg)
+        self.last_path = f"gms {self.strategy}"
         up, down = self.plans(experts, x)
         h = up(x, self.w_gate_up)
         a = F.silu(h[:, : self.ffn_size]) * h[:, self.ffn_size :]
@@ -223,6 +238,10 @@ class ExpertSegments:
         token_pos[order] = torch.arange(order.numel(), device=flat.device)
         token_ptr = torch.arange(0, tokens * k + 1, k, device=flat.device)
         return cls(order, order // k, segment_ptr, token_ptr, token_pos, num_experts)
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

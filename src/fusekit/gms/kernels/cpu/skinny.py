@@ -19,7 +19,6 @@ one row each: 9.9 GB/s split in two column halves). Reference: ``torch.mm`` per 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numba
@@ -36,9 +35,70 @@ if TYPE_CHECKING:
 SKINNY_ROWS = 16
 
 
+@numba.njit(cache=True, fastmath=FASTMATH)
+def rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
+    """``acc[r, :] += a[a_rows[r]] @ w[:, c0:c1]`` for every ``r``: the streaming inner product.
+
+    ``w`` (``[K, M]``) is read once, four rows of the column range at a time; rows of ``a`` are
+    taken two at a time so each loaded vector of ``w`` feeds eight fused multiply-adds into the
+    ``len(a_rows) x (c1 - c0)`` accumulators (L1/L2). ``a_rows`` gathers: the rows of ``a`` need
+    not be contiguous or sorted.
+    """
+    depth = w.shape[0]
+    rows = a_rows.shape[0]
+    width = c1 - c0
+    k = 0
+    while k + 4 <= depth:
+        w0r, w1r = w[k, c0:c1], w[k + 1, c0:c1]
+        w2r, w3r = w[k + 2, c0:c1], w[k + 3, c0:c1]
+        r = 0
+        while r + 4 <= rows:
+            i, j, i2, j2 = a_rows[r], a_rows[r + 1], a_rows[r + 2], a_rows[r + 3]
+            a0, a1, a2, a3 = a[i, k], a[i, k + 1], a[i, k + 2], a[i, k + 3]
+            b0, b1, b2, b3 = a[j, k], a[j, k + 1], a[j, k + 2], a[j, k + 3]
+            c0_, c1_, c2_, c3_ = a[i2, k], a[i2, k + 1], a[i2, k + 2], a[i2, k + 3]
+            d0, d1, d2, d3 = a[j2, k], a[j2, k + 1], a[j2, k + 2], a[j2, k + 3]
+            ar = acc[r]
+            br = acc[r + 1]
+            cr = acc[r + 2]
+            dr = acc[r + 3]
+            for m in range(width):
+                w0, w1, w2, w3 = w0r[m], w1r[m], w2r[m], w3r[m]
+                ar[m] += a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
+                br[m] += b0 * w0 + b1 * w1 + b2 * w2 + b3 * w3
+                cr[m] += c0_ * w0 + c1_ * w1 + c2_ * w2 + c3_ * w3
+                dr[m] += d0 * w0 + d1 * w1 + d2 * w2 + d3 * w3
+            r += 4
+        while r + 2 <= rows:
+            i, j = a_rows[r], a_rows[r + 1]
+            a0, a1, a2, a3 = a[i, k], a[i, k + 1], a[i, k + 2], a[i, k + 3]
+            b0, b1, b2, b3 = a[j, k], a[j, k + 1], a[j, k + 2], a[j, k + 3]
+            ar = acc[r]
+            br = acc[r + 1]
+            for m in range(width):
+                w0, w1, w2, w3 = w0r[m], w1r[m], w2r[m], w3r[m]
+                ar[m] += a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
+                br[m] += b0 * w0 + b1 * w1 + b2 * w2 + b3 * w3
+            r += 2
+        if r < rows:
+            i = a_rows[r]
+            a0, a1, a2, a3 = a[i, k], a[i, k + 1], a[i, k + 2], a[i, k + 3]
+            ar = acc[r]
+            for m in range(width):
+                ar[m] += a0 * w0r[m] + a1 * w1r[m] + a2 * w2r[m] + a3 * w3r[m]
+        k += 4
+    while k < depth:
+        wr = w[k, c0:c1]
+        for r in range(rows):
+            a0 = a[a_rows[r], k]
+            ar = acc[r]
+            for m in range(width):
+                ar[m] += a0 * wr[m]
+        k += 1
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _segment_skinny_kernel(a, w, bounds, segments, chunks, out):  # type: ignore[no-untyped-def]
-    depth = a.shape[1]
     cols = w.shape[2]
     for item in prange(segments.shape[0] * chunks):
         s = segments[item // chunks]
@@ -46,43 +106,24 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, out):  # type: ignore
         c0 = c * cols // chunks
         c1 = (c + 1) * cols // chunks
         lo = bounds[s]
-        rows = bounds[s + 1] - lo
-        width = c1 - c0
-        acc = np.zeros((rows, width), dtype=out.dtype)
-        ws = w[s]
-        k = 0
-        while k + 4 <= depth:
-            w0r, w1r = ws[k, c0:c1], ws[k + 1, c0:c1]
-            w2r, w3r = ws[k + 2, c0:c1], ws[k + 3, c0:c1]
-            r = 0
-            while r + 2 <= rows:
-                a0, a1, a2, a3 = a[lo + r, k], a[lo + r, k + 1], a[lo + r, k + 2], a[lo + r, k + 3]
-                b0, b1 = a[lo + r + 1, k], a[lo + r + 1, k + 1]
-                b2, b3 = a[lo + r + 1, k + 2], a[lo + r + 1, k + 3]
-                ar = acc[r]
-                br = acc[r + 1]
-                for m in range(width):
-                    w0, w1, w2, w3 = w0r[m], w1r[m], w2r[m], w3r[m]
-                    ar[m] += a0 * w0 + a1 * w1 + a2 * w2 + a3 * w3
-                    br[m] += b0 * w0 + b1 * w1 + b2 * w2 + b3 * w3
-                r += 2
-            if r < rows:
-                a0, a1, a2, a3 = a[lo + r, k], a[lo + r, k + 1], a[lo + r, k + 2], a[lo + r, k + 3]
-                ar = acc[r]
-                for m in range(width):
-                    ar[m] += a0 * w0r[m] + a1 * w1r[m] + a2 * w2r[m] + a3 * w3r[m]
-            k += 4
-        while k < depth:
-            wr = ws[k, c0:c1]
-            for r in range(rows):
-                a0 = a[lo + r, k]
-                ar = acc[r]
-                for m in range(width):
-                    ar[m] += a0 * wr[m]
-            k += 1
-        for r in range(rows):
-            for m in range(width):
-                out[lo + r, c0 + m] = acc[r, m]
+        hi = bounds[s + 1]
+        acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
+        rows_times_w(a, np.arange(lo, hi), w[s], c0, c1, acc)
+        out[lo:hi, c0:c1] = acc
+
+
+@numba.njit(cache=True)
+def balanced_chunks(items: int, threads: int) -> int:
+    """Column ranges per item: ``threads / gcd(items, threads)``.
+
+    The fewest that give every thread the same number of (item, range) pairs (whole matrices
+    stream best). Compiled, so kernels call it too.
+    """
+    threads = max(1, threads)
+    a, b = items, threads
+    while b:
+        a, b = b, a % b
+    return threads // max(a, 1)
 
 
 def segment_skinny_mm(
@@ -105,13 +146,12 @@ def segment_skinny_mm(
         ``out``.
     """
     if segments:
-        threads = max(1, numba.get_num_threads())
         _segment_skinny_kernel(
             numpy_of(a),
             numpy_of(w),
             numpy_of(segment_ptr),
             np.asarray(segments, dtype=np.int64),
-            threads // math.gcd(len(segments), threads),
+            balanced_chunks(len(segments), numba.get_num_threads()),
             numpy_of(out),
         )
     return out

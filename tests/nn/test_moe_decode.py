@@ -1,0 +1,93 @@
+"""The one-call decode path of MoE against its general path (expert segments, _ExpertsFn)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusekit.data.tokens import moe_batch
+from fusekit.nn.moe import ExpertSegments, MoE, _ExpertsFn
+from fusekit.nn.moe_decode import DECODE_ROWS, decode_applies, experts_decode
+
+
+def _moe(experts, top_k, hidden=40, ffn=24, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return MoE(hidden, ffn, experts, top_k).to(dtype)
+
+
+def _general(moe, x, experts, weights):
+    seg = ExpertSegments.of(experts, moe.num_experts)
+    scale = weights.reshape(-1).to(x.dtype)
+    return _ExpertsFn.apply(x, moe.w_gate_up, moe.w_down, scale, seg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("experts", "top_k", "tokens"), [(8, 2, 1), (8, 2, 5), (16, 6, 3), (4, 4, 2)]
+)
+def test_decode_equals_general_path(experts, top_k, tokens, dtype):
+    moe = _moe(experts, top_k, dtype=dtype)
+    # hidden 40 is not a multiple of the kernel's 4-deep unroll: the remainder loop runs too
+    x = torch.randn(tokens, 40, dtype=dtype)
+    with torch.no_grad():
+        _, weights, idx = moe.route(x)
+        got = experts_decode(x, idx, weights, moe.w_gate_up, moe.w_down)
+        want = _general(moe, x, idx, weights)
+    assert got is not None
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_skewed_routing_with_many_rows_per_expert():
+    """Zipf routing puts up to DECODE_ROWS pairs on one expert: odd row counts, 4/2/1 row blocks."""
+    batch = moe_batch(40, 32, experts=8, top_k=2, skew=1.5, seed=3)
+    weights, idx = batch.route()
+    counts = torch.bincount(idx.reshape(-1), minlength=8)
+    assert 4 < int(counts.max()) <= DECODE_ROWS
+    moe = _moe(8, 2, hidden=32, ffn=20)
+    with torch.no_grad():
+        got = experts_decode(batch.x, idx, weights, moe.w_gate_up, moe.w_down)
+        want = _general(moe, batch.x, idx, weights)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_too_many_rows_on_one_expert_falls_back():
+    moe = _moe(2, 1)
+    tokens = DECODE_ROWS + 1
+    idx = torch.zeros(tokens, 1, dtype=torch.int64)  # every token on expert 0
+    weights = torch.ones(tokens, 1)
+    x = torch.randn(tokens, 40)
+    assert decode_applies(x, idx, 2)
+    assert experts_decode(x, idx, weights, moe.w_gate_up, moe.w_down) is None
+    with torch.no_grad():
+        moe.experts(x, idx, weights)
+    assert moe.last_path == "expert segments (G-Mseg-S)"
+
+
+def test_module_takes_decode_only_without_autograd():
+    moe = _moe(8, 2)
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        y0 = moe(x)
+    assert moe.last_path == "fused decode"
+    y1 = moe(x)  # parameters require grad: the path with a backward
+    assert moe.last_path == "expert segments (G-Mseg-S)"
+    assert y1.requires_grad
+    torch.testing.assert_close(y0, y1.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_expert_id_names_the_argument():
+    moe = _moe(4, 2)
+    x = torch.randn(2, 40)
+    idx = torch.tensor([[0, 1], [2, 4]])
+    with pytest.raises(ValueError, match=r"experts.*\[0, 4\)"):
+        experts_decode(x, idx, torch.ones(2, 2) / 2, moe.w_gate_up, moe.w_down)
+
+
+def test_applies_only_to_cpu_floats_and_small_batches():
+    idx = torch.zeros(3, 2, dtype=torch.int64)
+    assert decode_applies(torch.randn(3, 8), idx, 4)
+    assert not decode_applies(torch.randn(3, 8, dtype=torch.bfloat16), idx, 4)
+    many = torch.zeros(4 * DECODE_ROWS + 1, 1, dtype=torch.int64)
+    assert not decode_applies(torch.randn(many.shape[0], 8), many, 4)
