@@ -19,11 +19,12 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
   of at most 32 rows use the weight-streaming kernel); ``over_floor`` is over the faster.
 
 Roofline: with few tokens the expert weights must stream from DRAM once (bytes = active experts x
-3 x hidden x ffn x 4), bound = bytes / the read bandwidth measured in this process just before
-(``fusekit.hw.detect.read_bytes_per_s``: a 256 MiB sum; nothing is written, so the copy rate
-would understate it); with many tokens the GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs
-over the measured GEMM FLOP/s). Each row's ``fraction_of_roofline`` is the larger bound over its
-time.
+3 x hidden x ffn x 4), bound = bytes / the read bandwidth (``fusekit.hw.detect.read_bytes_per_s``:
+a 256 MiB sum, nothing written, so the copy rate would understate it; measured before and after
+every problem, and the best rate of the run used, since a loaded host lowers single readings);
+with many tokens the GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs over the GEMM FLOP/s of
+``fusekit.hw.detect.measure``, read the same way). Each row's ``fraction_of_roofline`` is the
+larger bound over its time.
 
 Run: ``.venv/bin/python benchmarks/moe.py [--quick]`` -> ``benchmarks/results/moe_cpu.json``
 and ``moe_cpu.png``.
@@ -34,13 +35,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from fusekit.data.tokens import moe_batch
 from fusekit.hw import CPUTarget, detect
-from fusekit.hw.detect import read_bytes_per_s
+from fusekit.hw.detect import measure, read_bytes_per_s
 from fusekit.nn.moe import MoE
 from fusekit.report.records import run_metadata, write_results
 from fusekit.search.measure import time_call
@@ -121,9 +123,7 @@ def time_impls(
     }
 
 
-def run_shape(
-    shape: str, tokens: int, target: CPUTarget, read_bw: float, repeats: int, budget_s: float
-) -> list[dict[str, object]]:
+def run_shape(shape: str, tokens: int, repeats: int, budget_s: float) -> list[dict[str, object]]:
     """Every contender on one shape and token count."""
     num_experts, top_k, hidden, ffn = SHAPES[shape]
     torch.manual_seed(0)
@@ -161,9 +161,6 @@ def run_shape(
     pairs = tokens * top_k
     weight_bytes = active * 3 * hidden * ffn * 4
     flops = 2 * pairs * 3 * hidden * ffn
-    stream_s = weight_bytes / read_bw
-    compute_s = flops / target.peak_flops_per_s["fp32"]
-    bound_s = max(stream_s, compute_s)
     peers = min(times["hf loop"], times["grouped_mm"])
     floor = min(times["floor torch.mm"], times["floor segment_mm"])
     rows = []
@@ -177,13 +174,21 @@ def run_shape(
                 "median_s": median,
                 "speedup_over_best_peer": peers / median,
                 "over_floor": median / floor,
-                "fraction_of_roofline": bound_s / median,
-                "bound": "bandwidth" if stream_s > compute_s else "compute",
+                "weight_bytes": weight_bytes,
+                "flops": flops,
                 "active_experts": active,
                 "selected": path if name == "fusekit" else None,
             }
         )
     return rows
+
+
+def add_roofline(rows: list[dict[str, Any]], read_bw: float, peak_flops: float) -> None:
+    """``fraction_of_roofline = max(bytes / read_bw, flops / peak) / median`` and its ``bound``."""
+    for r in rows:
+        stream_s, compute_s = r["weight_bytes"] / read_bw, r["flops"] / peak_flops
+        r["fraction_of_roofline"] = max(stream_s, compute_s) / r["median_s"]
+        r["bound"] = "bandwidth" if stream_s > compute_s else "compute"
 
 
 def plot(records: list[dict[str, object]], path: Path) -> None:
@@ -228,7 +233,8 @@ def main() -> None:
     target = detect(refresh=True)
     if not isinstance(target, CPUTarget):
         raise SystemExit("moe.py measures the CPU; detect() gave no CPU target")
-    read_bw = read_bytes_per_s()
+    read_bw = [read_bytes_per_s()]
+    gemm = [target.peak_flops_per_s["fp32"]]
     tokens = (1, 64, 256) if args.quick else TOKENS
     if args.tokens:
         tokens = tuple(int(t) for t in args.tokens.split(","))
@@ -237,7 +243,10 @@ def main() -> None:
     records: list[dict[str, object]] = []
     for shape in shapes:
         for t in tokens:
-            rows = run_shape(shape, t, target, read_bw, repeats, args.budget)
+            rows = run_shape(shape, t, repeats, args.budget)
+            read_bw.append(read_bytes_per_s())
+            gemm.append(measure().gemm_flops_per_s)
+            add_roofline(rows, max(read_bw), max(gemm))
             records += rows
             by = {r["impl"]: r for r in rows}
             f = by["fusekit"]
@@ -251,7 +260,9 @@ def main() -> None:
             )
     meta = run_metadata(target.to_dict())
     meta["threads"] = torch.get_num_threads()
-    meta["read_bw_bytes_per_s"] = read_bw
+    add_roofline(records, max(read_bw), max(gemm))  # the run's best rates
+    meta["read_bw_bytes_per_s"] = {"used": max(read_bw), "readings": read_bw}
+    meta["gemm_flops_per_s"] = {"used": max(gemm), "readings": gemm}
     meta["plot"] = {"x": "tokens", "y": "speedup_over_best_peer", "hue": "impl", "log_y": True}
     path = write_results(args.out, records, meta)
     plot(records, args.out.with_suffix(".png"))
