@@ -18,7 +18,9 @@ path does the whole expert half in one call, with no torch op in between:
 4. per token: ``y[t] = sum_j pi[t, j] Z[pos[t k + j]]``.
 
 Items are split into the fewest column ranges that balance the threads
-(:func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks`); the products are
+(:func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks`) and dealt to them by cost, longest
+first (:func:`~fusekit.gms.kernels.cpu.skinny.lpt_schedule`: a popular expert's item costs many
+small ones); the products are
 :func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w`, gathering ``x`` rows in place. The
 reference is the general path (:class:`fusekit.nn.moe._ExpertsFn`), which the tests compare with.
 """
@@ -34,7 +36,7 @@ from numba import prange
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
-from fusekit.gms.kernels.cpu.skinny import balanced_chunks, rows_times_w
+from fusekit.gms.kernels.cpu.skinny import balanced_chunks, item_cost, lpt_schedule, rows_times_w
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 
 #: Most pairs one expert may receive on this path: up to 64 the fused call beats the general
@@ -73,6 +75,25 @@ def _sort_pairs(experts, num_experts, max_rows):  # type: ignore[no-untyped-def]
     return DONE, ptr, token, pos
 
 
+@numba.njit(cache=True, fastmath=FASTMATH)
+def _swiglu_item(x, rows, w, c0, c1, act, lo):  # type: ignore[no-untyped-def]
+    """``act[lo + r, c0:c1] = silu(x[rows[r]] @ G[:, c0:c1]) * (x[rows[r]] @ U[:, c0:c1])``."""
+    ffn = act.shape[1]
+    n = rows.shape[0]
+    if c1 - c0 == ffn:  # one contiguous run of 2 ffn columns streams best
+        h = np.zeros((n, 2 * ffn), dtype=act.dtype)
+        rows_times_w(x, rows, w, 0, 2 * ffn, h)
+        g, u = h[:, :ffn], h[:, ffn:]
+    else:
+        g = np.zeros((n, c1 - c0), dtype=act.dtype)
+        u = np.zeros((n, c1 - c0), dtype=act.dtype)
+        rows_times_w(x, rows, w, c0, c1, g)
+        rows_times_w(x, rows, w, ffn + c0, ffn + c1, u)
+    for r in range(n):
+        for m in range(c1 - c0):
+            act[lo + r, c0 + m] = g[r, m] / (1.0 + math.exp(-g[r, m])) * u[r, m]
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out):  # type: ignore[no-untyped-def]
     status, ptr, token, pos = _sort_pairs(experts, w_gate_up.shape[0], max_rows)
@@ -85,36 +106,31 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
     act = np.empty((tokens * k, ffn), dtype=out.dtype)
     z = np.empty((tokens * k, hidden), dtype=out.dtype)
 
+    # items (expert, column range), the same split for both GEMMs; cost = its 3 ffn hidden weights
     chunks = balanced_chunks(hit.shape[0], threads)
-    for item in prange(hit.shape[0] * chunks):
+    costs = np.empty(hit.shape[0] * chunks)
+    for item in range(costs.shape[0]):
         e = hit[item // chunks]
-        c = item % chunks
-        c0 = c * ffn // chunks
-        c1 = (c + 1) * ffn // chunks
-        lo, hi = ptr[e], ptr[e + 1]
-        rows = token[lo:hi]
-        if chunks == 1:  # one contiguous run of 2 ffn columns streams best
-            h = np.zeros((hi - lo, 2 * ffn), dtype=out.dtype)
-            rows_times_w(x, rows, w_gate_up[e], 0, 2 * ffn, h)
-            g, u = h[:, :ffn], h[:, ffn:]
-        else:
-            g = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-            u = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-            rows_times_w(x, rows, w_gate_up[e], c0, c1, g)
-            rows_times_w(x, rows, w_gate_up[e], ffn + c0, ffn + c1, u)
-        for r in range(hi - lo):
-            for m in range(c1 - c0):
-                act[lo + r, c0 + m] = g[r, m] / (1.0 + math.exp(-g[r, m])) * u[r, m]
+        costs[item] = item_cost(ptr[e + 1] - ptr[e], 3 * ffn * hidden // chunks)
+    order, tptr = lpt_schedule(costs, threads)
 
-    for item in prange(hit.shape[0] * chunks):
-        e = hit[item // chunks]
-        c = item % chunks
-        c0 = c * hidden // chunks
-        c1 = (c + 1) * hidden // chunks
-        lo, hi = ptr[e], ptr[e + 1]
-        acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-        rows_times_w(act, np.arange(lo, hi), w_down[e], c0, c1, acc)
-        z[lo:hi, c0:c1] = acc
+    for th in prange(threads):
+        for q in range(tptr[th], tptr[th + 1]):
+            e = hit[order[q] // chunks]
+            c = order[q] % chunks
+            lo, hi = ptr[e], ptr[e + 1]
+            c0, c1 = c * ffn // chunks, (c + 1) * ffn // chunks
+            _swiglu_item(x, token[lo:hi], w_gate_up[e], c0, c1, act, lo)
+
+    for th in prange(threads):
+        for q in range(tptr[th], tptr[th + 1]):
+            e = hit[order[q] // chunks]
+            c = order[q] % chunks
+            lo, hi = ptr[e], ptr[e + 1]
+            c0, c1 = c * hidden // chunks, (c + 1) * hidden // chunks
+            acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
+            rows_times_w(act, np.arange(lo, hi), w_down[e], c0, c1, acc)
+            z[lo:hi, c0:c1] = acc
 
     for t in prange(tokens):
         q = pos[t * k]

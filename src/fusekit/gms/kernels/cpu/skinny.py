@@ -97,19 +97,68 @@ def rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
         k += 1
 
 
+#: Rows at which an item's FMAs take as long as streaming its ``w`` (fp32: 4 bytes per ``w``
+#: element at about 20 GB/s against ``2 x rows`` FLOPs at about 65 GFLOP/s, 2 cores): the
+#: ``ROWS_AT_BALANCE`` of :func:`item_cost`.
+ROWS_AT_BALANCE = 6
+
+
+@numba.njit(cache=True)
+def item_cost(rows, width):  # type: ignore[no-untyped-def]
+    """Relative time of an item: ``width x (ROWS_AT_BALANCE + rows)`` (stream plus compute)."""
+    return width * (ROWS_AT_BALANCE + rows)
+
+
+@numba.njit(cache=True)
+def lpt_schedule(costs, threads):  # type: ignore[no-untyped-def]
+    """Items to threads, longest processing time first.
+
+    Each item, dearest first, goes to the least loaded thread (within 4/3 of the best split).
+    Returns ``(order, ptr)``: thread ``t`` runs ``order[ptr[t]:ptr[t + 1]]``. A static
+    ``prange`` over items would split them by count, and one popular expert can cost as much as
+    all the others together.
+    """
+    threads = max(1, threads)
+    load = np.zeros(threads)
+    owner = np.empty(costs.shape[0], dtype=np.int64)
+    for i in np.argsort(-costs):
+        t = np.argmin(load)
+        owner[i] = t
+        load[t] += costs[i]
+    ptr = np.zeros(threads + 1, dtype=np.int64)
+    for i in range(costs.shape[0]):
+        ptr[owner[i] + 1] += 1
+    for t in range(threads):
+        ptr[t + 1] += ptr[t]
+    fill = ptr[:-1].copy()
+    order = np.empty(costs.shape[0], dtype=np.int64)
+    for i in range(costs.shape[0]):
+        order[fill[owner[i]]] = i
+        fill[owner[i]] += 1
+    return order, ptr
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _segment_skinny_kernel(a, w, bounds, segments, chunks, out):  # type: ignore[no-untyped-def]
+def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # type: ignore[no-untyped-def]
     cols = w.shape[2]
-    for item in prange(segments.shape[0] * chunks):
+    n = segments.shape[0] * chunks
+    costs = np.empty(n)
+    for item in range(n):
         s = segments[item // chunks]
-        c = item % chunks
-        c0 = c * cols // chunks
-        c1 = (c + 1) * cols // chunks
-        lo = bounds[s]
-        hi = bounds[s + 1]
-        acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-        rows_times_w(a, np.arange(lo, hi), w[s], c0, c1, acc)
-        out[lo:hi, c0:c1] = acc
+        costs[item] = item_cost(bounds[s + 1] - bounds[s], cols // chunks)
+    order, ptr = lpt_schedule(costs, threads)
+    for th in prange(threads):
+        for q in range(ptr[th], ptr[th + 1]):
+            item = order[q]
+            s = segments[item // chunks]
+            c = item % chunks
+            c0 = c * cols // chunks
+            c1 = (c + 1) * cols // chunks
+            lo = bounds[s]
+            hi = bounds[s + 1]
+            acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
+            rows_times_w(a, np.arange(lo, hi), w[s], c0, c1, acc)
+            out[lo:hi, c0:c1] = acc
 
 
 @numba.njit(cache=True)
@@ -146,12 +195,14 @@ def segment_skinny_mm(
         ``out``.
     """
     if segments:
+        threads = numba.get_num_threads()
         _segment_skinny_kernel(
             numpy_of(a),
             numpy_of(w),
             numpy_of(segment_ptr),
             np.asarray(segments, dtype=np.int64),
-            balanced_chunks(len(segments), numba.get_num_threads()),
+            balanced_chunks(len(segments), threads),
+            threads,
             numpy_of(out),
         )
     return out
