@@ -5,7 +5,6 @@ Imported when the CLI starts, so torch, numba and the kernels are imported insid
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -13,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from fusekit.console import console, err_console, print_json, print_table
+from fusekit.search.measure import time_call
 
 app = typer.Typer(
     help="Gather-matmul-scatter engine: plans, strategies and their timings.",
@@ -23,16 +23,6 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 ShapeOption = Annotated[str, typer.Option("--shape", help="Problem family: rgcn, conv or moe.")]
 ScaleOption = Annotated[float, typer.Option("--scale", help="Multiply the default problem size.")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the synthetic indices.")]
-
-
-def _median_s(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 @app.command("plan")
@@ -153,7 +143,7 @@ def run_records(
     times = {}
     with err_console.status("timing (the first run compiles the numba kernels)..."):
         for name, fn in impls.items():
-            times[name] = _median_s(fn, repeats)
+            times[name] = time_call(fn, repeats).median_s
     aten = [t for n, t in times.items() if n.startswith("aten")]
     records = []
     for name, fn in impls.items():
