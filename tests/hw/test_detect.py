@@ -21,10 +21,8 @@ def best_time_s(fn, trials=5):
     return min(times)  # best of, as detect() and STREAM report
 
 
-def test_detected_figures_are_plausible(tmp_path):
-    """Bandwidth and FLOP/s within 2x of a plain torch copy and matmul timed here."""
+def _ratios(tmp_path):
     target = detect(refresh=True, cache_path=tmp_path / "hw.json")
-
     src = torch.ones(32 * 2**20)  # 128 MiB
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -32,9 +30,23 @@ def test_detected_figures_are_plausible(tmp_path):
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     torch.mm(a, b)
     gemm_flops_per_s = 2 * 1024**3 / best_time_s(lambda: torch.mm(a, b))
+    bw = target.mem_bw_bytes_per_s / copy_bytes_per_s
+    flops = target.peak("fp32") / gemm_flops_per_s
+    return target, bw, flops
 
-    assert 0.5 < target.mem_bw_bytes_per_s / copy_bytes_per_s < 2.0
-    assert 0.5 < target.peak("fp32") / gemm_flops_per_s < 2.0
+
+def test_detected_figures_are_plausible(tmp_path):
+    """Bandwidth and FLOP/s within 2x of a plain torch copy and matmul timed here.
+
+    A shared host can slow one of the two measurements and not the other, so up to three
+    attempts; a wrong formula (bytes counted once, FLOPs without the 2) fails all three.
+    """
+    for _ in range(3):
+        target, bw, flops = _ratios(tmp_path)
+        if 0.5 < bw < 2.0 and 0.5 < flops < 2.0:
+            break
+    assert 0.5 < bw < 2.0
+    assert 0.5 < flops < 2.0
     assert 0 < target.launch_overhead_s < 1e-3
     assert target.cores == torch.get_num_threads()
     assert target.l1d_bytes > 0 and target.l2_bytes > 0
