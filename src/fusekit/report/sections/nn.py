@@ -7,6 +7,7 @@ equal to its peer, then timed side by side in this process.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,8 @@ def _conv_rows(repeats: int) -> list[dict[str, Any]]:
     except ImportError:
         peer = None
     else:
+        # spconv asks torch.fx whether it is tracing, and torch logs a notice about that API
+        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
         peer = spconv.SubMConv3d(32, 32, 3, bias=False)
         peer.load_state_dict(ours.state_dict())
         impls["spconv SubMConv3d"] = lambda: (
