@@ -181,8 +181,9 @@ def build(options: TourOptions) -> Section:
             "runs the whole relation sum as one g-mm-s chosen by the gms selector; SubMConv3d and "
             "SparseConv3d take spconv's weights and build their kernel maps with a numba hash; "
             "fusekit.nn.MoE "
-            "runs Mixtral's router and SwiGLU experts over expert segments (swap_mixtral_moe "
-            "replaces the blocks of an HF Mixtral model with equal outputs)."
+            "runs Mixtral's router and SwiGLU experts over expert segments, or at decode-sized "
+            "batches in one fused call (swap_mixtral_moe replaces the blocks of an HF Mixtral "
+            "model with equal outputs)."
         ),
         table,
     )
