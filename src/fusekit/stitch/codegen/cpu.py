@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Reduce, walk
+from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
     Dialect,
     Renderer,
@@ -67,14 +68,6 @@ HALF = np.float32(0.5)
 RSQRT2 = np.float32(0.7071067811865476)
 SQRT2PI = np.float32(0.7978845608028654)
 GELU_C = np.float32(0.044715)
-LOG2E = np.float32(1.4426950408889634)
-EXP_LO = np.float32(-126.0)
-EXP_HI = np.float32(127.0)
-EXP_C = [np.float32(0.6931471805599453 ** n / math.factorial(n)) for n in range(8)]
-C0, C1, C2, C3, C4, C5, C6, C7 = EXP_C
-ERF_P = np.float32(0.3275911)
-A1, A2, A3, A4, A5 = (np.float32(0.254829592), np.float32(-0.284496736), np.float32(1.421413741),
-                      np.float32(-1.453152027), np.float32(1.061405429))
 
 
 @intrinsic
@@ -98,32 +91,12 @@ def fmin(a, b):
 
 
 @numba.njit(inline="always", fastmath=True)
-def fexp(x):
-    # exp(x) = 2^k * 2^f, k = round(x log2 e), |f| <= 1/2: a degree-7 Taylor series of 2^f
-    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) times 2^k built from
-    # its IEEE bits ((k + 127) << 23): branch-free float32, no table, no libm call, so that LLVM
-    # vectorises the loop around it
-    t = fmin(fmax(x * LOG2E, EXP_LO), EXP_HI)
-    k = np.floor(t + HALF)
-    f = t - k
-    p = C0 + f * (C1 + f * (C2 + f * (C3 + f * (C4 + f * (C5 + f * (C6 + f * C7))))))
-    return p * bits_to_f32((np.int32(k) + np.int32(127)) << np.int32(23))
-
-
-@numba.njit(inline="always", fastmath=True)
-def ferf(x):
-    # Abramowitz and Stegun 7.1.26 (absolute error < 1.5e-7), odd extension
-    a = abs(x)
-    t = ONE / (ONE + ERF_P * a)
-    y = ONE - t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5)))) * fexp(-a * a)
-    return math.copysign(y, x)
-
-
-@numba.njit(inline="always", fastmath=True)
 def ftanh(x):
     e = fexp(np.float32(-2.0) * abs(x))
     return math.copysign((ONE - e) / (ONE + e), x)
-"""
+
+
+""" + prelude()
 
 #: numba math flags: reassociation (vectorised reductions) and contraction; NaN and inf kept
 #: (masks use -inf).
