@@ -6,6 +6,7 @@ import torch
 from fusekit.hw import CPUTarget, detect
 from fusekit.ir import capture
 from fusekit.stitch.classify import OpClass, classify_graph, dominant_ops
+from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.model import estimate, tensor_bytes
 from fusekit.stitch.runner import PlannedGraph, Stitched, reference_group
 from fusekit.stitch.schemes import Role, Scheme, Unfusable, analyze
@@ -112,6 +113,10 @@ def test_planned_workload_matches_eager(name, target):
         want = reference_group(p.graph, group.ops, env)
         for k, v in want.items():
             torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4)
+        if isinstance(kernel, CpuKernel):  # the other variant: threads (prange) or serial
+            other = CpuKernel(p.graph, kernel.layout, serial=not kernel.serial)(env)
+            for k, v in want.items():
+                torch.testing.assert_close(other[k], v, rtol=1e-4, atol=1e-4)
         env.update(got)
 
 

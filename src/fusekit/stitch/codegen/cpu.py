@@ -111,7 +111,17 @@ def _const(value: float, dtype: str) -> str:
     return f"np.{dtype}({value!r})"
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
+def _at(arr: str, off: str) -> str:
+    """``arr[off]`` with an unsigned offset (no wraparound select, so vector loads).
+
+    numba wraps a signed index around (``i < 0: i += n``), a select per element that LLVM cannot
+    remove when it cannot prove ``i >= 0`` (any offset over the chunk's rows); it then loads lane
+    by lane instead of one vector load.
+    """
+    return f"{arr}[np.uint64({off})]"
+
+
+DIALECT = Dialect(_FUNCTIONS, _const, _at)
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
             "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}  # fmt: skip
 
@@ -148,7 +158,7 @@ class _Emitter:
         if cond:
             self.emit(depth, f"if {cond}:")
             depth += 1
-        self.emit(depth, f"out_{op}[{off}] = {value}")
+        self.emit(depth, f"{_at(f'out_{op}', off)} = {value}")
 
     def reduces(self, op: str) -> list[Reduce]:
         return [n for n in walk(self.layout.exprs[op]) if isinstance(n, Reduce)]
@@ -180,7 +190,7 @@ class _Emitter:
             if role is Role.FULL:
                 self.emit(inner, f"v_{op} = {r.expr(op, lay.exprs[op], k)}")
                 if op in lay.buffered:
-                    self.emit(inner, f"buf_{op}[q] = v_{op}")
+                    self.emit(inner, f"{_at(f'buf_{op}', 'q')} = v_{op}")
                 self.store(inner, op, f"v_{op}", in_stage=True)
                 continue
             covered = {d for d in lay.var_dims[op].values() if d is not None}
@@ -199,7 +209,7 @@ class _Emitter:
                 else:
                     part = f"part_{op}_{j}"
                     off = r.offset(op, op, self.graph.op(op).out.indices)
-                    slot = f"col_{part}[{off}]"
+                    slot = _at(f"col_{part}", off)
                     self.emit(
                         body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
                     )
@@ -301,7 +311,11 @@ class _Emitter:
                 )
             self.finish_reduce(2, op, lambda j: f"t{j}")
             self.emit(2, f"out_{op}[k] = v_{op}")
-        return _PRELUDE + "\n\n" + "\n".join(self.lines) + "\n", ins, outs
+        parallel = "\n".join(self.lines) + "\n"
+        # the same loops on the calling thread, for groups too small to pay an OpenMP region
+        serial = parallel.replace("@numba.njit(parallel=True, ", "@numba.njit(", 1)
+        serial = serial.replace("def kernel(", "def kernel_serial(", 1)
+        return _PRELUDE + "\n\n" + parallel + "\n\n" + serial, ins, outs
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
@@ -323,10 +337,18 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()[0]
 
 
-def compile_source(source: str) -> Callable[..., Any]:
-    """Load a generated module and return its ``kernel`` (memoised by source hash)."""
+#: groups that move at most this many bytes run serially: an OpenMP region costs about 20 us
+#: (waking the sleeping pool and joining it), the time to stream 256 KiB at 12 GB/s
+SERIAL_MAX_BYTES = 256 * 1024
+
+
+def compile_source(source: str, serial: bool = False) -> Callable[..., Any]:
+    """Load a generated module and return its ``kernel`` (memoised by source hash).
+
+    ``serial`` gives ``kernel_serial`` instead: the same loops without ``prange`` threads.
+    """
     module = load_generated(source, "k")
-    kernel: Callable[..., Any] = module.kernel
+    kernel: Callable[..., Any] = module.kernel_serial if serial else module.kernel
     return kernel
 
 
@@ -336,15 +358,24 @@ class CpuKernel:
     Args:
         graph: the planned graph.
         layout: the group's :class:`Layout`.
+        serial: run the serial variant (no thread pool); by default when the group moves at
+            most :data:`SERIAL_MAX_BYTES` or has one row.
     """
 
-    def __init__(self, graph: Graph, layout: Layout) -> None:
+    def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
+        import numpy as np
+
         emitter = _Emitter(graph, layout)
         self.source, _, _ = emitter.kernel()
         self.layout = layout
         self.partials = emitter.partials
         self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
-        self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
+        self.dtypes = {t: np.dtype(graph.tensor(t).dtype) for t in layout.outputs}
+        moved = sum(
+            math.prod(self.shapes[t]) * np.dtype(graph.tensor(t).dtype).itemsize
+            for t in (*layout.inputs, *layout.outputs)
+        )
+        self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial
         self._fn: Callable[..., Any] | None = None
         self._trips: list[int] = []
 
@@ -355,15 +386,18 @@ class CpuKernel:
         import torch
 
         if self._fn is None:
-            self._fn = compile_source(self.source)
+            self._fn = compile_source(self.source, self.serial)
             self._trips = [self.layout.extents[d] for d in self.layout.inner_dims]
-        ins = [values[t].detach().contiguous().view(-1).numpy() for t in self.layout.inputs]
-        # numpy allocates, torch wraps without a copy: one allocation per output
-        flat = [np.empty(math.prod(self.shapes[t]), self.dtypes[t]) for t in self.layout.outputs]
-        chunks = max(1, min(self.layout.rows, numba.get_num_threads()))
+        # flat views (a copy only for a non-contiguous input); numpy allocates the outputs in
+        # their shapes, torch wraps them without a copy
+        ins = [_flat_numpy(values[t]) for t in self.layout.inputs]
+        outs = [np.empty(self.shapes[t], self.dtypes[t]) for t in self.layout.outputs]
+        chunks = 1 if self.serial else max(1, min(self.layout.rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
-        self._fn(*ins, *flat, *parts, chunks, *self._trips)
-        return {
-            t: torch.from_numpy(a).view(self.shapes[t])
-            for t, a in zip(self.layout.outputs, flat, strict=True)
-        }
+        self._fn(*ins, *[o.reshape(-1) for o in outs], *parts, chunks, *self._trips)
+        return {t: torch.from_numpy(a) for t, a in zip(self.layout.outputs, outs, strict=True)}
+
+
+def _flat_numpy(t: torch.Tensor) -> Any:
+    """``t`` as a flat numpy array (a view when ``t`` is contiguous)."""
+    return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
