@@ -376,8 +376,12 @@ class CpuKernel:
             for t in (*layout.inputs, *layout.outputs)
         )
         self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial
+        # what a call needs, precomputed: a call costs microseconds of Python around the kernel
+        self._rows = layout.rows
+        self._out_specs = [(self.shapes[t], self.dtypes[t]) for t in layout.outputs]
+        self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in self.partials]
         self._fn: Callable[..., Any] | None = None
-        self._trips: list[int] = []
+        self._trips = [layout.extents[d] for d in layout.inner_dims]
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
@@ -387,15 +391,15 @@ class CpuKernel:
 
         if self._fn is None:
             self._fn = compile_source(self.source, self.serial)
-            self._trips = [self.layout.extents[d] for d in self.layout.inner_dims]
         # flat views (a copy only for a non-contiguous input); numpy allocates the outputs in
         # their shapes, torch wraps them without a copy
-        ins = [_flat_numpy(values[t]) for t in self.layout.inputs]
-        outs = [np.empty(self.shapes[t], self.dtypes[t]) for t in self.layout.outputs]
-        chunks = 1 if self.serial else max(1, min(self.layout.rows, numba.get_num_threads()))
-        parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
-        self._fn(*ins, *[o.reshape(-1) for o in outs], *parts, chunks, *self._trips)
-        return {t: torch.from_numpy(a) for t, a in zip(self.layout.outputs, outs, strict=True)}
+        outs = [np.empty(shape, dtype) for shape, dtype in self._out_specs]
+        chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
+        args = [_flat_numpy(values[t]) for t in self.layout.inputs]
+        args += [o.reshape(-1) for o in outs]
+        args += [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
+        self._fn(*args, chunks, *self._trips)
+        return dict(zip(self.layout.outputs, map(torch.from_numpy, outs), strict=True))
 
 
 def _flat_numpy(t: torch.Tensor) -> Any:
