@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fusekit.errors import expected
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Reduce, walk
 from fusekit.stitch.codegen.approx import prelude
@@ -68,6 +69,15 @@ HALF = np.float32(0.5)
 RSQRT2 = np.float32(0.7071067811865476)
 SQRT2PI = np.float32(0.7978845608028654)
 GELU_C = np.float32(0.044715)
+
+
+@intrinsic
+def as_ptr(typingctx, addr):
+    # an integer address as a void pointer (for numba.carray)
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], llvm_ir.IntType(8).as_pointer())
+
+    return numba.types.voidptr(numba.types.intp), codegen
 
 
 @intrinsic
@@ -273,7 +283,10 @@ class _Emitter:
                     (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
                 )
         trips = [f"n_{r.index(d)}" for d in lay.inner_dims]
-        args = ins + outs + [p[0] for p in self.partials] + ["n_chunks", *trips]
+        # tensors arrive as data addresses (torch's .numpy() and from_numpy cost microseconds a
+        # call); the kernel views them as flat arrays of their static sizes
+        addrs = [f"p_{a}" for a in ins + outs]
+        args = addrs + [p[0] for p in self.partials] + ["n_chunks", *trips]
         flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
         # error_model="numpy": a float division by zero gives inf/nan (as in torch), with no
         # exception branch in the loop to stop its vectorisation
@@ -281,6 +294,10 @@ class _Emitter:
             0, f"@numba.njit(parallel=True, cache=True, fastmath={flags}, error_model='numpy')"
         )
         self.emit(0, f"def kernel({', '.join(args)}):")
+        for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
+            size = math.prod(static_shape(self.graph, t))
+            dtype = self.graph.tensor(t).dtype
+            self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         self.emit(1, "for c in numba.prange(n_chunks):")
         for op in sorted(lay.buffered):
@@ -400,7 +417,8 @@ class CpuKernel:
         self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial
         # what a call needs, precomputed: a call costs microseconds of Python around the kernel
         self._rows = layout.rows
-        self._out_specs = [(self.shapes[t], self.dtypes[t]) for t in layout.outputs]
+        self._ins = [(t, graph.tensor(t).dtype) for t in layout.inputs]
+        self._outs = [(t, self.shapes[t], graph.tensor(t).dtype) for t in layout.outputs]
         self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in self.partials]
         self._fn: Callable[..., Any] | None = None
         self._trips = [layout.extents[d] for d in layout.inner_dims]
@@ -413,17 +431,25 @@ class CpuKernel:
 
         if self._fn is None:
             self._fn = compile_source(self.source, self.serial)
-        # flat views (a copy only for a non-contiguous input); numpy allocates the outputs in
-        # their shapes, torch wraps them without a copy
-        outs = [np.empty(shape, dtype) for shape, dtype in self._out_specs]
+        # the kernel takes data addresses: inputs made contiguous (a copy only when they are
+        # not), outputs allocated by torch in their shapes; the tensors outlive the call
+        ins = [_contiguous_cpu(values[t], t, dtype) for t, dtype in self._ins]
+        out = {t: torch.empty(shape, dtype=getattr(torch, dtype)) for t, shape, dtype in self._outs}
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
-        args = [_flat_numpy(values[t]) for t in self.layout.inputs]
-        args += [o.reshape(-1) for o in outs]
-        args += [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
-        self._fn(*args, chunks, *self._trips)
-        return dict(zip(self.layout.outputs, map(torch.from_numpy, outs), strict=True))
+        parts = [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
+        addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
+        self._fn(*addrs, *parts, chunks, *self._trips)
+        return out
 
 
-def _flat_numpy(t: torch.Tensor) -> Any:
-    """``t`` as a flat numpy array (a view when ``t`` is contiguous)."""
-    return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
+def _contiguous_cpu(t: torch.Tensor, name: str, dtype: str) -> torch.Tensor:
+    """``t`` itself when it is a contiguous CPU tensor, else a contiguous copy.
+
+    Raises:
+        ValueError: for a tensor off the CPU or of another dtype than planned (the kernel reads
+            raw memory).
+    """
+    if not t.is_cpu or str(t.dtype) != f"torch.{dtype}":
+        got = f"{str(t.dtype).removeprefix('torch.')} on {t.device}"
+        raise ValueError(expected("stitch", name, f"a {dtype} CPU tensor", got))
+    return t if t.is_contiguous() else t.contiguous()
