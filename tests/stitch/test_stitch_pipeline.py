@@ -158,3 +158,19 @@ def test_shape_change_replans_or_raises(target):
     assert isinstance(planned, PlannedGraph)
     with pytest.raises(ValueError, match="plan again"):
         planned.run(cap.values(s2, mask2))
+
+
+def test_kernel_inputs_non_contiguous_or_foreign(target):
+    """Kernels read raw memory: strided inputs are copied, wrong dtypes raise."""
+    w = load_workload("bias_gelu", small=True)
+    x, b = w.args
+    stitched = Stitched(w.module, target)
+    xt = x.t().contiguous().t()  # same values, column-major strides
+    with torch.no_grad():
+        torch.testing.assert_close(stitched(xt, b), w.module(x, b), rtol=1e-4, atol=1e-4)
+    cap, planned = stitched.prepare(x, b)
+    (kernel,) = [k for k in planned.kernels if isinstance(k, CpuKernel)]
+    values = {**cap.values(x, b)}
+    values[kernel.layout.inputs[0]] = values[kernel.layout.inputs[0]].double()
+    with pytest.raises(ValueError, match="float32 CPU tensor"):
+        kernel(values)
