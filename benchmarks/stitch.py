@@ -18,7 +18,7 @@ of DRAM bytes over the measured streaming bandwidth and FLOPs over peak) over fu
 time; ``achieved_bw_fraction`` the plan's bytes per second over the streaming bandwidth.
 Writes ``benchmarks/results/stitch_cpu.json`` and a plot beside it.
 
-Run alone, at real-time priority: ``chrt -f 10 python benchmarks/stitch.py``. The script sets
+Run alone, at real-time priority: ``chrt -f 50 python benchmarks/stitch.py``. The script sets
 ``OMP_WAIT_POLICY=PASSIVE`` (unless set) before torch loads: fusekit alternates numba's and
 torch's OpenMP pools, and a pool spinning after its region starves the other on a small machine
 (an 8 ms scheduler quantum per switch on 2 cores). It applies to all three contenders alike and is

@@ -6,6 +6,7 @@ import torch
 from fusekit.hw import CPUTarget, detect
 from fusekit.ir import capture
 from fusekit.stitch.classify import OpClass, classify_graph, dominant_ops
+from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.model import estimate, tensor_bytes
 from fusekit.stitch.runner import PlannedGraph, Stitched, reference_group
 from fusekit.stitch.schemes import Role, Scheme, Unfusable, analyze
@@ -112,6 +113,10 @@ def test_planned_workload_matches_eager(name, target):
         want = reference_group(p.graph, group.ops, env)
         for k, v in want.items():
             torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4)
+        if isinstance(kernel, CpuKernel):  # the other variant: threads (prange) or serial
+            other = CpuKernel(p.graph, kernel.layout, serial=not kernel.serial)(env)
+            for k, v in want.items():
+                torch.testing.assert_close(other[k], v, rtol=1e-4, atol=1e-4)
         env.update(got)
 
 
@@ -153,3 +158,19 @@ def test_shape_change_replans_or_raises(target):
     assert isinstance(planned, PlannedGraph)
     with pytest.raises(ValueError, match="plan again"):
         planned.run(cap.values(s2, mask2))
+
+
+def test_kernel_inputs_non_contiguous_or_foreign(target):
+    """Kernels read raw memory: strided inputs are copied, wrong dtypes raise."""
+    w = load_workload("bias_gelu", small=True)
+    x, b = w.args
+    stitched = Stitched(w.module, target)
+    xt = x.t().contiguous().t()  # same values, column-major strides
+    with torch.no_grad():
+        torch.testing.assert_close(stitched(xt, b), w.module(x, b), rtol=1e-4, atol=1e-4)
+    cap, planned = stitched.prepare(x, b)
+    (kernel,) = [k for k in planned.kernels if isinstance(k, CpuKernel)]
+    values = {**cap.values(x, b)}
+    values[kernel.layout.inputs[0]] = values[kernel.layout.inputs[0]].double()
+    with pytest.raises(ValueError, match="float32 CPU tensor"):
+        kernel(values)

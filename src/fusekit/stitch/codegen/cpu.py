@@ -25,8 +25,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fusekit.errors import expected
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Reduce, walk
+from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
     Dialect,
     Renderer,
@@ -67,14 +69,15 @@ HALF = np.float32(0.5)
 RSQRT2 = np.float32(0.7071067811865476)
 SQRT2PI = np.float32(0.7978845608028654)
 GELU_C = np.float32(0.044715)
-LOG2E = np.float32(1.4426950408889634)
-EXP_LO = np.float32(-126.0)
-EXP_HI = np.float32(127.0)
-EXP_C = [np.float32(0.6931471805599453 ** n / math.factorial(n)) for n in range(8)]
-C0, C1, C2, C3, C4, C5, C6, C7 = EXP_C
-ERF_P = np.float32(0.3275911)
-A1, A2, A3, A4, A5 = (np.float32(0.254829592), np.float32(-0.284496736), np.float32(1.421413741),
-                      np.float32(-1.453152027), np.float32(1.061405429))
+
+
+@intrinsic
+def as_ptr(typingctx, addr):
+    # an integer address as a void pointer (for numba.carray)
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], llvm_ir.IntType(8).as_pointer())
+
+    return numba.types.voidptr(numba.types.intp), codegen
 
 
 @intrinsic
@@ -86,44 +89,46 @@ def bits_to_f32(typingctx, x):
     return numba.float32(numba.int32), codegen
 
 
-@numba.njit(inline="always", fastmath=True)
-def fmax(a, b):
-    # a select, not Python's max (whose NaN branches stop LLVM from vectorising reductions)
-    return a if a > b else b
+def _extremum(name, cmp):
+    # floats: llvm.maximum / llvm.minimum marked nnan, i.e. one vmaxps/vminps: no select of a
+    # loaded value, which the x86 backend turns into a masked store (vmaskmovps, microcoded on
+    # AMD) in a vectorised column update. NaN: x86's rule, the second operand when either is NaN
+    # (an update fmax(acc, v) takes a NaN v; a later one drops it). Integers: a select
+    def typer(typingctx, a, b):
+        ty = typingctx.unify_types(a, b)
+        if not isinstance(ty, (numba.types.Float, numba.types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            x = context.cast(builder, args[0], a, ty)
+            y = context.cast(builder, args[1], b, ty)
+            if isinstance(ty, numba.types.Float):
+                lty = context.get_value_type(ty)
+                fnty = llvm_ir.FunctionType(lty, [lty, lty])
+                fn = builder.module.declare_intrinsic(name, [lty], fnty)
+                return builder.call(fn, [x, y], fastmath=("nnan",))
+            if ty.signed:
+                c = builder.icmp_signed(cmp, x, y)
+            else:
+                c = builder.icmp_unsigned(cmp, x, y)
+            return builder.select(c, x, y)
+
+        return ty(a, b), codegen
+
+    return intrinsic(typer)
 
 
-@numba.njit(inline="always", fastmath=True)
-def fmin(a, b):
-    return a if a < b else b
-
-
-@numba.njit(inline="always", fastmath=True)
-def fexp(x):
-    # exp(x) = 2^k * 2^f, k = round(x log2 e), |f| <= 1/2: a degree-7 Taylor series of 2^f
-    # (relative error < 1e-6; below -87 the result is about 1e-38, not 0) times 2^k built from
-    # its IEEE bits ((k + 127) << 23): branch-free float32, no table, no libm call, so that LLVM
-    # vectorises the loop around it
-    t = fmin(fmax(x * LOG2E, EXP_LO), EXP_HI)
-    k = np.floor(t + HALF)
-    f = t - k
-    p = C0 + f * (C1 + f * (C2 + f * (C3 + f * (C4 + f * (C5 + f * (C6 + f * C7))))))
-    return p * bits_to_f32((np.int32(k) + np.int32(127)) << np.int32(23))
-
-
-@numba.njit(inline="always", fastmath=True)
-def ferf(x):
-    # Abramowitz and Stegun 7.1.26 (absolute error < 1.5e-7), odd extension
-    a = abs(x)
-    t = ONE / (ONE + ERF_P * a)
-    y = ONE - t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5)))) * fexp(-a * a)
-    return math.copysign(y, x)
+fmax = _extremum("llvm.maximum", ">")
+fmin = _extremum("llvm.minimum", "<")
 
 
 @numba.njit(inline="always", fastmath=True)
 def ftanh(x):
     e = fexp(np.float32(-2.0) * abs(x))
     return math.copysign((ONE - e) / (ONE + e), x)
-"""
+
+
+""" + prelude()
 
 #: numba math flags: reassociation (vectorised reductions) and contraction; NaN and inf kept
 #: (masks use -inf).
@@ -138,7 +143,17 @@ def _const(value: float, dtype: str) -> str:
     return f"np.{dtype}({value!r})"
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
+def _at(arr: str, off: str) -> str:
+    """``arr[off]`` with an unsigned offset (no wraparound select, so vector loads).
+
+    numba wraps a signed index around (``i < 0: i += n``), a select per element that LLVM cannot
+    remove when it cannot prove ``i >= 0`` (any offset over the chunk's rows); it then loads lane
+    by lane instead of one vector load.
+    """
+    return f"{arr}[np.uint64({off})]"
+
+
+DIALECT = Dialect(_FUNCTIONS, _const, _at)
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
             "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}  # fmt: skip
 
@@ -175,7 +190,7 @@ class _Emitter:
         if cond:
             self.emit(depth, f"if {cond}:")
             depth += 1
-        self.emit(depth, f"out_{op}[{off}] = {value}")
+        self.emit(depth, f"{_at(f'out_{op}', off)} = {value}")
 
     def reduces(self, op: str) -> list[Reduce]:
         return [n for n in walk(self.layout.exprs[op]) if isinstance(n, Reduce)]
@@ -207,7 +222,7 @@ class _Emitter:
             if role is Role.FULL:
                 self.emit(inner, f"v_{op} = {r.expr(op, lay.exprs[op], k)}")
                 if op in lay.buffered:
-                    self.emit(inner, f"buf_{op}[q] = v_{op}")
+                    self.emit(inner, f"{_at(f'buf_{op}', 'q')} = v_{op}")
                 self.store(inner, op, f"v_{op}", in_stage=True)
                 continue
             covered = {d for d in lay.var_dims[op].values() if d is not None}
@@ -226,7 +241,7 @@ class _Emitter:
                 else:
                     part = f"part_{op}_{j}"
                     off = r.offset(op, op, self.graph.op(op).out.indices)
-                    slot = f"col_{part}[{off}]"
+                    slot = _at(f"col_{part}", off)
                     self.emit(
                         body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
                     )
@@ -268,7 +283,10 @@ class _Emitter:
                     (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
                 )
         trips = [f"n_{r.index(d)}" for d in lay.inner_dims]
-        args = ins + outs + [p[0] for p in self.partials] + ["n_chunks", *trips]
+        # tensors arrive as data addresses (torch's .numpy() and from_numpy cost microseconds a
+        # call); the kernel views them as flat arrays of their static sizes
+        addrs = [f"p_{a}" for a in ins + outs]
+        args = addrs + [p[0] for p in self.partials] + ["n_chunks", *trips]
         flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
         # error_model="numpy": a float division by zero gives inf/nan (as in torch), with no
         # exception branch in the loop to stop its vectorisation
@@ -276,6 +294,10 @@ class _Emitter:
             0, f"@numba.njit(parallel=True, cache=True, fastmath={flags}, error_model='numpy')"
         )
         self.emit(0, f"def kernel({', '.join(args)}):")
+        for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
+            size = math.prod(static_shape(self.graph, t))
+            dtype = self.graph.tensor(t).dtype
+            self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         self.emit(1, "for c in numba.prange(n_chunks):")
         for op in sorted(lay.buffered):
@@ -328,7 +350,11 @@ class _Emitter:
                 )
             self.finish_reduce(2, op, lambda j: f"t{j}")
             self.emit(2, f"out_{op}[k] = v_{op}")
-        return _PRELUDE + "\n\n" + "\n".join(self.lines) + "\n", ins, outs
+        parallel = "\n".join(self.lines) + "\n"
+        # the same loops on the calling thread, for groups too small to pay an OpenMP region
+        serial = parallel.replace("@numba.njit(parallel=True, ", "@numba.njit(", 1)
+        serial = serial.replace("def kernel(", "def kernel_serial(", 1)
+        return _PRELUDE + "\n\n" + parallel + "\n\n" + serial, ins, outs
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
@@ -350,10 +376,18 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()[0]
 
 
-def compile_source(source: str) -> Callable[..., Any]:
-    """Load a generated module and return its ``kernel`` (memoised by source hash)."""
+#: groups that move at most this many bytes run serially: an OpenMP region costs about 20 us
+#: (waking the sleeping pool and joining it), the time to stream 256 KiB at 12 GB/s
+SERIAL_MAX_BYTES = 256 * 1024
+
+
+def compile_source(source: str, serial: bool = False) -> Callable[..., Any]:
+    """Load a generated module and return its ``kernel`` (memoised by source hash).
+
+    ``serial`` gives ``kernel_serial`` instead: the same loops without ``prange`` threads.
+    """
     module = load_generated(source, "k")
-    kernel: Callable[..., Any] = module.kernel
+    kernel: Callable[..., Any] = module.kernel_serial if serial else module.kernel
     return kernel
 
 
@@ -363,17 +397,31 @@ class CpuKernel:
     Args:
         graph: the planned graph.
         layout: the group's :class:`Layout`.
+        serial: run the serial variant (no thread pool); by default when the group moves at
+            most :data:`SERIAL_MAX_BYTES` or has one row.
     """
 
-    def __init__(self, graph: Graph, layout: Layout) -> None:
+    def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
+        import numpy as np
+
         emitter = _Emitter(graph, layout)
         self.source, _, _ = emitter.kernel()
         self.layout = layout
         self.partials = emitter.partials
         self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
-        self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
+        self.dtypes = {t: np.dtype(graph.tensor(t).dtype) for t in layout.outputs}
+        moved = sum(
+            math.prod(self.shapes[t]) * np.dtype(graph.tensor(t).dtype).itemsize
+            for t in (*layout.inputs, *layout.outputs)
+        )
+        self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial
+        # what a call needs, precomputed: a call costs microseconds of Python around the kernel
+        self._rows = layout.rows
+        self._ins = [(t, graph.tensor(t).dtype) for t in layout.inputs]
+        self._outs = [(t, self.shapes[t], graph.tensor(t).dtype) for t in layout.outputs]
+        self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in self.partials]
         self._fn: Callable[..., Any] | None = None
-        self._trips: list[int] = []
+        self._trips = [layout.extents[d] for d in layout.inner_dims]
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
@@ -382,15 +430,26 @@ class CpuKernel:
         import torch
 
         if self._fn is None:
-            self._fn = compile_source(self.source)
-            self._trips = [self.layout.extents[d] for d in self.layout.inner_dims]
-        ins = [values[t].detach().contiguous().view(-1).numpy() for t in self.layout.inputs]
-        # numpy allocates, torch wraps without a copy: one allocation per output
-        flat = [np.empty(math.prod(self.shapes[t]), self.dtypes[t]) for t in self.layout.outputs]
-        chunks = max(1, min(self.layout.rows, numba.get_num_threads()))
-        parts = [np.empty(chunks * size, dtype=dtype) for _, size, _, dtype in self.partials]
-        self._fn(*ins, *flat, *parts, chunks, *self._trips)
-        return {
-            t: torch.from_numpy(a).view(self.shapes[t])
-            for t, a in zip(self.layout.outputs, flat, strict=True)
-        }
+            self._fn = compile_source(self.source, self.serial)
+        # the kernel takes data addresses: inputs made contiguous (a copy only when they are
+        # not), outputs allocated by torch in their shapes; the tensors outlive the call
+        ins = [_contiguous_cpu(values[t], t, dtype) for t, dtype in self._ins]
+        out = {t: torch.empty(shape, dtype=getattr(torch, dtype)) for t, shape, dtype in self._outs}
+        chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
+        parts = [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
+        addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
+        self._fn(*addrs, *parts, chunks, *self._trips)
+        return out
+
+
+def _contiguous_cpu(t: torch.Tensor, name: str, dtype: str) -> torch.Tensor:
+    """``t`` itself when it is a contiguous CPU tensor, else a contiguous copy.
+
+    Raises:
+        ValueError: for a tensor off the CPU or of another dtype than planned (the kernel reads
+            raw memory).
+    """
+    if not t.is_cpu or str(t.dtype) != f"torch.{dtype}":
+        got = f"{str(t.dtype).removeprefix('torch.')} on {t.device}"
+        raise ValueError(expected("stitch", name, f"a {dtype} CPU tensor", got))
+    return t if t.is_contiguous() else t.contiguous()
