@@ -72,3 +72,59 @@ def test_fit_strides_rejects_reshape_of_transpose():
     i, k = IVar("i"), IVar("k")
     read = Access("t", (i, IBin("/", k, IConst(3)), IBin("%", k, IConst(3))))
     assert fit_strides(read, ("i", "k"), (2, 12), (12, 1, 4)) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "shape", "out_shape", "perm"),
+    [
+        ("y[i] = sum_j x[i,j]", (3, 4), (3,), None),
+        ("y[j] = max_i x[i,j]", (3, 4), (4,), None),
+        ("y[k,i] = min_j x[i,j,k]", (3, 4, 5), (5, 3), (1, 0)),
+        ("y[i,k] = mean_j x[i,j,k]", (3, 4, 5), (3, 5), None),
+    ],
+)
+def test_aten_reduction_equals_the_interpreter(line, shape, out_shape, perm):
+    from fusekit.ir import parse_graph
+    from fusekit.stitch.alone import AtenReduction
+
+    dims = lambda s: ",".join(map(str, s))  # noqa: E731
+    g = parse_graph(
+        f"input x: float32[{dims(shape)}]\ntensor y: float32[{dims(out_shape)}]\n{line}\noutput y\n"
+    )
+    fast = AtenReduction(g, "y")
+    assert fast.perm == perm
+    values = {"x": torch.randn(*shape)}
+    want = reference_group(g, ["y"], values)["y"]
+    torch.testing.assert_close(fast(values)["y"], want)
+
+
+def test_aten_reduction_refuses_a_diagonal_read():
+    from fusekit.ir import parse_graph
+    from fusekit.stitch.alone import AtenReduction
+
+    g = parse_graph(
+        "input x: float32[3,4,4]\ntensor y: float32[3]\ny[i] = sum_j x[i,j,j]\noutput y\n"
+    )
+    with pytest.raises(ValueError, match="computed indices"):
+        AtenReduction(g, "y")
+
+
+def test_single_reduction_group_keeps_the_faster_implementation():
+    from fusekit.hw import load
+    from fusekit.stitch.runner import PlannedGraph, _Faster
+    from fusekit.stitch.search import plan
+
+    class RowSum(nn.Module):
+        def forward(self, x):
+            return x.sum(-1)
+
+    x = torch.randn(64, 300)
+    cap = capture(RowSum(), (x,))
+    planned = PlannedGraph(plan(cap.graph, load("cpu-local")), cap.constants)
+    (kernel,) = planned.kernels
+    assert isinstance(kernel, _Faster) and kernel.choice is None
+    out = planned.run({cap.graph.inputs[0]: x})
+    assert kernel.choice in ("stitched", "aten") and set(kernel.medians_s) == {"stitched", "aten"}
+    torch.testing.assert_close(out[cap.graph.outputs[0]], x.sum(-1))
+    for fn in kernel.options.values():  # both options are right, whichever was kept
+        torch.testing.assert_close(fn({cap.graph.inputs[0]: x})[cap.graph.outputs[0]], x.sum(-1))

@@ -1,11 +1,14 @@
 """Ops the plan runs alone, by their eager ATen calls rather than by the IR interpreter.
 
-Two fast paths, each with the interpreter as its reference (``reference_group`` in the runner;
+Three fast paths, each with the interpreter as its reference (``reference_group`` in the runner;
 the tests compare them):
 
 - a contraction ``Y[o] = sum_r A[a] * B[b] (+ C[c])`` (a GEMM, BMM or linear layer) runs as
   ``torch.addmm``/``torch.mm`` (``A[n,l] W[k,l] + b[k]``: ``F.linear``'s own call) or
   ``torch.matmul`` on permuted views (``A[batch,m,k] B[batch,k,n]``), else ``torch.einsum``;
+- a reduction of one plain read ``Y[o] = red_r X[a]`` (sum, max, min, mean) runs as the one
+  ``torch.sum/amax/amin/mean`` over the reduced dims that eager calls (the runner times
+  it against the op's stitched kernel: one op moves the same bytes either way);
 - a group of layout ops only (transpose, view, reshape, unsqueeze) becomes a strided view of its
   source, as eager returns one: the source offset of every output element is computed once per
   source stride signature and fitted to ``base + sum_d idx_d * stride_d``; a layout that is not
@@ -15,6 +18,7 @@ the tests compare them):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from fusekit.ir.graph import Graph
@@ -123,6 +127,50 @@ class AtenContraction:
         for d in sorted(dims):
             shape[d] = self.out_shape[d]
         return c.reshape(shape)
+
+
+#: The ATen reduction eager calls for each reduction of the IR.
+_ATEN_REDUCTIONS: Mapping[ReduceOp, str] = MappingProxyType(
+    {ReduceOp.SUM: "sum", ReduceOp.MAX: "amax", ReduceOp.MIN: "amin", ReduceOp.MEAN: "mean"}
+)
+
+
+class AtenReduction:
+    """One reduction of a plain read run by eager's single ATen call.
+
+    ``Y[o] = red_{r} X[a]`` with ``a`` a permutation of ``o + r`` (no computed indices) becomes
+    ``red(X, dim=[a.index(v) for v in r])``, then a permute when ``o`` is not in ``a``'s order.
+
+    Args:
+        graph: the graph.
+        name: the op.
+
+    Raises:
+        ValueError: if the op is not of that form (the runner then keeps the stitched kernel).
+    """
+
+    def __init__(self, graph: Graph, name: str) -> None:
+        op = graph.op(name)
+        expr = op.expr
+        if not (
+            isinstance(expr, Reduce) and expr.op in _ATEN_REDUCTIONS
+            and isinstance(expr.body, Access) and not op.accumulate
+        ):  # fmt: skip
+            raise ValueError(f"stitch: {name} is not a reduction of one read")
+        va, vo = _plain_vars(expr.body), _plain_vars(op.out)
+        if va is None or vo is None or sorted(va) != sorted((*vo, *expr.vars)):
+            raise ValueError(f"stitch: {name} reads at computed indices")
+        self.name, self.src, self.call = name, expr.body.tensor, _ATEN_REDUCTIONS[expr.op]
+        self.dims = tuple(va.index(v) for v in expr.vars)
+        kept = [v for v in va if v not in expr.vars]
+        self.perm = None if kept == list(vo) else tuple(kept.index(v) for v in vo)
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: Y}``."""
+        y = getattr(values[self.src], self.call)(dim=self.dims)
+        if self.perm is not None:
+            y = y.permute(self.perm).contiguous()
+        return {self.name: y}
 
 
 def _term(t: IndexTerm, grids: Mapping[str, np.ndarray]) -> Any:

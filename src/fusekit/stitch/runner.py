@@ -8,7 +8,9 @@
 An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): a contraction
 (GEMM, BMM, linear) by its ATen call (``addmm``/``matmul``/``einsum``), a group of layout ops
 (transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
-op no kernel could take) by the IR interpreter on its one-op subgraph. The reference of a whole
+op no kernel could take) by the IR interpreter on its one-op subgraph. A stitched group of one
+reduction keeps whichever of its kernel and eager's ATen call the first run times faster
+(:class:`_Faster`). The reference of a whole
 group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are
 specialised at capture: :class:`Stitched` re-captures and re-plans for new input shapes (one plan
 per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
@@ -28,6 +30,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fusekit.errors import expected
@@ -35,7 +38,7 @@ from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
-from fusekit.stitch.alone import AtenContraction, LayoutViews
+from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify
 from fusekit.stitch.schemes import Unfusable
@@ -84,6 +87,41 @@ class _Alone:
         return interpret(self.sub, {n: values[n] for n in self.reads})
 
 
+#: When :class:`_Faster` chooses: rounds, each timing every implementation ``TUNE_REPEATS``
+#: times; an implementation's time is its best round's median.
+TUNE_ROUNDS = 3
+TUNE_REPEATS = 5
+
+
+class _Faster:
+    """A group with two equivalent implementations; the first call times both, then keeps one.
+
+    Used for a group of a single reduction: it moves the same DRAM bytes as a stitched kernel or
+    as eager's ATen call, so the cost model cannot tell them apart, while the code can differ a
+    lot (ATen's inner-axis sum over 32-wide rows is slow; its one call over 64 long rows has
+    less fixed cost than ours). ``choice`` records the pick (``None`` until the first call) and
+    ``medians_s`` the times it was made on.
+    """
+
+    def __init__(self, options: Mapping[str, Callable[..., dict[str, Any]]]) -> None:
+        self.options = dict(options)
+        self.choice: str | None = None
+        self.medians_s: dict[str, float] = {}
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.choice is None:
+            from fusekit.search.measure import time_call
+
+            rounds: dict[str, list[float]] = {name: [] for name in self.options}
+            for _ in range(TUNE_ROUNDS):  # interleaved, so a burst of load hits both
+                for name, fn in self.options.items():
+                    timing = time_call(partial(fn, values), repeats=TUNE_REPEATS)
+                    rounds[name].append(timing.median_s)
+            self.medians_s = {name: min(ts) for name, ts in rounds.items()}
+            self.choice = min(self.medians_s, key=self.medians_s.__getitem__)
+        return self.options[self.choice](values)
+
+
 def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
     if group.layout is None:
         (name,) = group.ops if len(group.ops) == 1 else (None,)
@@ -111,6 +149,12 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
     if all(classify(graph.op(o)) is OpClass.LAYOUT for o in group.ops):
         try:
             return LayoutViews(graph, group.layout, kernel)
+        except ValueError:
+            pass
+    if len(group.ops) == 1:
+        (name,) = group.ops
+        try:
+            return _Faster({"stitched": kernel, "aten": AtenReduction(graph, name)})
         except ValueError:
             pass
     return kernel
