@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fusekit.hw import CPUTarget, detect
 from fusekit.report.records import run_metadata, write_results
 from fusekit.search import time_call
-from fusekit.stitch.runner import Stitched, _Faster
+from fusekit.stitch.runner import Stitched, TimedChoice
 from fusekit.stitch.workloads import NAMES, load_workload
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
@@ -158,8 +158,8 @@ def run_workload(name: str, target: CPUTarget, repeats: int, small: bool) -> dic
         "max_err_fusekit": _max_err(fusekit_out, eager_out),
         "max_err_compile": _max_err(compiled_out, eager_out),
         "schemes": sorted({g.layout.scheme.value for g in plan.groups if g.layout is not None}),
-        # single-reduction groups timed against eager's ATen call on the first run (runner._Faster)
-        "timed_choices": [k.choice for k in planned.kernels if isinstance(k, _Faster)],
+        # single-reduction groups timed against their ATen call on the first run (TimedChoice)
+        "timed_choices": [k.choice for k in planned.kernels if isinstance(k, TimedChoice)],
     }
 
 

@@ -111,7 +111,7 @@ def test_aten_reduction_refuses_a_diagonal_read():
 
 def test_single_reduction_group_keeps_the_faster_implementation():
     from fusekit.hw import load
-    from fusekit.stitch.runner import PlannedGraph, _Faster
+    from fusekit.stitch.runner import PlannedGraph, TimedChoice
     from fusekit.stitch.search import plan
 
     class RowSum(nn.Module):
@@ -122,7 +122,7 @@ def test_single_reduction_group_keeps_the_faster_implementation():
     cap = capture(RowSum(), (x,))
     planned = PlannedGraph(plan(cap.graph, load("cpu-local")), cap.constants)
     (kernel,) = planned.kernels
-    assert isinstance(kernel, _Faster) and kernel.choice is None
+    assert isinstance(kernel, TimedChoice) and kernel.choice is None
     out = planned.run({cap.graph.inputs[0]: x})
     assert kernel.choice in ("stitched", "aten") and set(kernel.medians_s) == {"stitched", "aten"}
     torch.testing.assert_close(out[cap.graph.outputs[0]], x.sum(-1))

@@ -10,7 +10,7 @@ An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): 
 (transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
 op no kernel could take) by the IR interpreter on its one-op subgraph. A stitched group of one
 reduction keeps whichever of its kernel and eager's ATen call the first run times faster
-(:class:`_Faster`). The reference of a whole
+(:class:`TimedChoice`). The reference of a whole
 group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are
 specialised at capture: :class:`Stitched` re-captures and re-plans for new input shapes (one plan
 per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
@@ -87,13 +87,13 @@ class _Alone:
         return interpret(self.sub, {n: values[n] for n in self.reads})
 
 
-#: When :class:`_Faster` chooses: rounds, each timing every implementation ``TUNE_REPEATS``
+#: When :class:`TimedChoice` chooses: rounds, each timing every implementation ``TUNE_REPEATS``
 #: times; an implementation's time is its best round's median.
 TUNE_ROUNDS = 3
 TUNE_REPEATS = 5
 
 
-class _Faster:
+class TimedChoice:
     """A group with two equivalent implementations; the first call times both, then keeps one.
 
     Used for a group of a single reduction: it moves the same DRAM bytes as a stitched kernel or
@@ -109,6 +109,7 @@ class _Faster:
         self.medians_s: dict[str, float] = {}
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The kept implementation's outputs (the first call times every one, then keeps one)."""
         if self.choice is None:
             from fusekit.search.measure import time_call
 
@@ -154,7 +155,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
     if len(group.ops) == 1:
         (name,) = group.ops
         try:
-            return _Faster({"stitched": kernel, "aten": AtenReduction(graph, name)})
+            return TimedChoice({"stitched": kernel, "aten": AtenReduction(graph, name)})
         except ValueError:
             pass
     return kernel
