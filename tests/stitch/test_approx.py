@@ -83,7 +83,7 @@ def test_numpy_emulation_matches_kernel(kernels) -> None:  # type: ignore[no-unt
     """The numpy emulation spells the same operations (FMA contraction aside: a few ulp)."""
     x = np.linspace(-20.0, 20.0, 100_001, dtype=np.float32)
     np.testing.assert_allclose(kernels("fexp", x), approx.exp_f32(x), rtol=4e-7)
-    np.testing.assert_allclose(kernels("ferf", x), approx.erf_f32(x), rtol=0, atol=4e-7)
+    np.testing.assert_allclose(kernels("ferf", x), approx.erf_f32(x), rtol=0, atol=5e-7)
 
 
 def test_fits_reproduce_the_coefficients() -> None:
