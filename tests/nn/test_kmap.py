@@ -124,5 +124,7 @@ def test_plan_of_map_rejects_unsorted_pairs():
         m.out_coords,
         m.out_shape,
     )
-    with pytest.raises(ValueError, match="kmap"):
+    with pytest.raises(ValueError, match="sorted"):
         km.plan_kernel_map(flipped)
+    with pytest.raises(ValueError, match="kmap"):
+        km.plan_kernel_map(flipped, orders=True)

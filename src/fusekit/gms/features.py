@@ -153,32 +153,92 @@ def features(plan: GMSPlan, k: int, m: int, dtype: torch.dtype, has_scale: bool)
     """
     if plan.transform is None:
         raise ValueError(expected("gms", "plan", "a plan with its orders", "orders=False"))
+    agg = plan.aggregate.plan if plan.aggregate is not None else None
+    return features_of_counts(
+        segment_pairs=_segment_rows(plan),
+        degree=plan.dst_ptr[1:] - plan.dst_ptr[:-1],
+        sources=plan.src_ptr[1:] - plan.src_ptr[:-1],
+        n_in=plan.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+        reduce=plan.reduce,
+        has_scale=has_scale,
+        transform_segment_rows=_segment_rows(plan.transform.plan),
+        aggregate_segment_rows=_segment_rows(agg) if agg is not None else None,
+    )
+
+
+def features_of_counts(
+    *,
+    segment_pairs: tuple[int, ...],
+    degree: torch.Tensor,
+    sources: torch.Tensor | None,
+    n_in: int,
+    k: int,
+    m: int,
+    dtype: torch.dtype,
+    reduce: str = "sum",
+    has_scale: bool = False,
+    transform_segment_rows: tuple[int, ...] | None = None,
+    aggregate_segment_rows: tuple[int, ...] | None = None,
+) -> Features:
+    """The features from counts alone, for a builder that has them before any plan exists.
+
+    ``E = sum(segment_pairs)``, ``N_out = len(degree)``; ``V`` and ``U`` are the sums of the
+    per-segment rows of the transform-first and aggregate-first orders. Left out
+    (``None``), every ``(s, g)`` and every ``(s, d)`` is taken to be one pair (a kernel map's
+    case: ``V = U = E``, per segment equal to ``segment_pairs``); ``sources`` left out means
+    it equals ``degree`` (outputs on the inputs: a submanifold map). Equal to
+    :func:`features` of the plan of the same pairs.
+
+    Args:
+        segment_pairs: pairs of each segment.
+        degree: ``[N_out]`` pairs of each output row.
+        sources: ``[N_in]`` pairs of each input row, or ``None`` (same as ``degree``).
+        n_in: rows of ``x``.
+        k: columns of ``x``.
+        m: columns of ``y``.
+        dtype: the operands' dtype.
+        reduce: the problem's reduce.
+        has_scale: whether the calls pass a per-pair scale.
+        transform_segment_rows: distinct ``(s, g)`` per segment, or ``None`` (pairs).
+        aggregate_segment_rows: distinct ``(s, d)`` per segment, or ``None`` (pairs; for max,
+            pass ``()``).
+
+    Returns:
+        The :class:`Features`.
+
+    Raises:
+        ValueError: a width is not positive.
+        TypeError: the dtype is not a floating dtype gms runs.
+    """
     for name, value in (("k", k), ("m", m)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(expected("gms", name, "a positive int", value))
     if str(dtype) not in DTYPE_NAMES:
         raise TypeError(expected("gms", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
-    degree = plan.dst_ptr[1:] - plan.dst_ptr[:-1]
-    sources = plan.src_ptr[1:] - plan.src_ptr[:-1]
-    agg = plan.aggregate.plan if plan.aggregate is not None else None
+    transform = segment_pairs if transform_segment_rows is None else transform_segment_rows
+    aggregate = segment_pairs if aggregate_segment_rows is None else aggregate_segment_rows
+    sources = degree if sources is None else sources
     return Features(
-        pairs=plan.num_pairs,
-        segments=plan.num_segments,
-        n_in=plan.n_in,
-        n_out=plan.n_out,
+        pairs=sum(segment_pairs),
+        segments=len(segment_pairs),
+        n_in=n_in,
+        n_out=int(degree.shape[0]),
         k=k,
         m=m,
         dtype=DTYPE_NAMES[str(dtype)],
-        reduce=plan.reduce,
+        reduce=reduce,
         has_scale=bool(has_scale),
-        transform_rows=plan.transform.plan.num_pairs,
-        aggregate_rows=agg.num_pairs if agg is not None else None,
+        transform_rows=sum(transform),
+        aggregate_rows=sum(aggregate) if reduce != "max" else None,
         gather_rows=int((sources > 0).sum()),
         scatter_rows=int((degree > 0).sum()),
         max_row_pairs=int(degree.max()) if degree.numel() else 0,
-        segment_pairs=_segment_rows(plan),
-        transform_segment_rows=_segment_rows(plan.transform.plan),
-        aggregate_segment_rows=_segment_rows(agg) if agg is not None else (),
+        segment_pairs=tuple(segment_pairs),
+        transform_segment_rows=tuple(transform),
+        aggregate_segment_rows=tuple(aggregate) if reduce != "max" else (),
     )
 
 

@@ -43,12 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
+import torch
 
 from fusekit.errors import expected
 
 if TYPE_CHECKING:
-    import torch
-
     from fusekit.gms import GMSPlan, GMSProblem
     from fusekit.gms.features import Features
 
@@ -139,34 +138,23 @@ def _row_table(rows, bits):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(parallel=True, cache=True)
-def _probe_rows(  # type: ignore[no-untyped-def]
-    # inputs sorted by key, as runs of one row (b, z, y): row id [R], run ptr [R + 1],
-    # x [N] ascending within a run, original row [N]; table: row id -> run
-    in_rows,
-    in_ptr,
-    in_x,
-    in_index,
+def _neighbour_runs(  # type: ignore[no-untyped-def]
+    # output rows (b, z, y) as ids in the output shape [R_out]; input row table (id -> run)
+    out_rows,
     table,
     bits,
-    # outputs sorted by key, as runs (same layout, in the output shape)
-    out_rows,
-    out_ptr,
-    out_x,
-    out_index,
-    nbr,
     # sizes: input shape, output shape, stride, padding
     shape,
     out_shape,
     stride,
     padding,
 ):
-    """``nbr[o, k]`` = input row at ``s c_o - p + k``, or -1, by merging sorted rows.
+    """``[R_out, 9]``: the input run of row ``(b, s z - p + k_z, s y - p + k_y)``, or -1.
 
-    Per output row (parallel): the 9 input rows of the ``(kz, ky)`` offsets are looked up once
-    in the row table, then each is merged with the output row along x (both ascending), the
-    three ``kx`` found by a short forward scan. Memory is read in order; the only random
-    accesses are 9 row lookups per output row, in a table that fits the cache.
+    Entry ``3 k_z + k_y``; one table lookup per output row and ``(k_z, k_y)``, the only random
+    accesses of the build (the table of distinct rows fits the cache).
     """
+    nbr = np.full((out_rows.shape[0], 9), -1, np.int64)
     mask = (1 << bits) - 1
     for r in numba.prange(out_rows.shape[0]):
         row = out_rows[r]
@@ -180,51 +168,87 @@ def _probe_rows(  # type: ignore[no-untyped-def]
                 continue
             key = (b * shape[0] + zi) * shape[1] + yi
             h = _hash_slot(key, bits)
-            run = -1
             while table[h, 0] != _EMPTY:
                 if table[h, 0] == key:
-                    run = table[h, 1]
+                    nbr[r, kzy] = table[h, 1]
                     break
                 h = (h + 1) & mask
-            if run < 0:
-                continue
-            j = in_ptr[run]
-            end = in_ptr[run + 1]
-            for q in range(out_ptr[r], out_ptr[r + 1]):
-                x0 = out_x[q] * stride[2] - padding[2]
-                while j < end and in_x[j] < x0:
-                    j += 1
-                jj = j
-                for kx in range(3):
-                    while jj < end and in_x[jj] < x0 + kx:
-                        jj += 1
-                    if jj < end and in_x[jj] == x0 + kx:
-                        nbr[out_index[q], kzy * 3 + kx] = in_index[jj]
+    return nbr
 
 
-def _runs(keys: np.ndarray, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted keys as runs of one row: row ids, run pointer, x."""
-    rows = keys // row_length
-    starts = np.flatnonzero(rows[1:] != rows[:-1]) + 1
-    ptr = np.concatenate([[0], starts, [len(keys)]]).astype(np.int64)
-    if len(keys) == 0:
-        ptr = ptr[:1]
-    return rows[ptr[:-1]], ptr, keys - rows * row_length
+@numba.njit(cache=True, inline="always")
+def _lower_bound(values, lo, hi, v):  # type: ignore[no-untyped-def]
+    """First ``j`` in ``[lo, hi)`` with ``values[j] >= v`` (``hi`` if none); values ascending."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @numba.njit(parallel=True, cache=True)
-def _count(nbr, counts, degree, mask):  # type: ignore[no-untyped-def]
-    """Hits per (chunk of rows, offset), per output row, and each row's offsets as bits."""
-    n_out = nbr.shape[0]
+def _find_hits(  # type: ignore[no-untyped-def]
+    # per output voxel, in output order: its row's run [N_out], its x [N_out]
+    run_of,
+    x_of,
+    # the output runs' neighbour input runs [R_out, 9]; input runs: ptr [R + 1], x [N],
+    # original row of each sorted input [N]
+    nbr,
+    in_ptr,
+    in_x,
+    in_index,
+    # x stride and padding
+    stride_x,
+    pad_x,
+    # out: hits [chunks * _CHUNK * 27] (chunk c's from c * _CHUNK * 27, in output and offset
+    # order), each output's offsets as bits [N_out], hits per (chunk, offset) [chunks, 27]
+    hits,
+    mask,
+    counts,
+):
+    """Pass 1: the input of every (output, offset) pair, compacted per chunk of outputs.
+
+    Output ``o`` at ``x`` reads ``x_i = s x - p + k_x`` from each of its 9 neighbour runs
+    (x ascending): a cursor at the first ``x_i >= s x - p`` then three equality tests. The
+    cursors carry over between consecutive outputs of one row with growing ``x`` (a merge, for
+    inputs sorted by key); elsewhere they restart with a binary search.
+    """
+    n_out = run_of.shape[0]
     for c in numba.prange(counts.shape[0]):
+        at = c * _CHUNK * KERNEL_VOLUME
+        cursor = np.zeros(9, np.int64)
+        last_run = -1
+        last_x = 0
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            r = run_of[o]
+            x0 = x_of[o] * stride_x - pad_x
+            fresh = r != last_run or x0 < last_x
             bits = 0
-            for k in range(KERNEL_VOLUME):
-                if nbr[o, k] >= 0:
-                    counts[c, k] += 1
-                    bits |= 1 << k
+            for kzy in range(9):
+                run = nbr[r, kzy]
+                if run < 0:
+                    continue
+                end = in_ptr[run + 1]
+                if fresh:
+                    j = _lower_bound(in_x, in_ptr[run], end, x0)
+                else:
+                    j = cursor[kzy]
+                    while j < end and in_x[j] < x0:
+                        j += 1
+                cursor[kzy] = j
+                for kx in range(3):
+                    if j < end and in_x[j] == x0 + kx:
+                        k = kzy * 3 + kx
+                        bits |= 1 << k
+                        hits[at] = in_index[j]
+                        at += 1
+                        counts[c, k] += 1
+                        j += 1
             mask[o] = bits
-            degree[o] = _popcount(bits)
+            last_run = r
+            last_x = x0
 
 
 @numba.njit(cache=True, inline="always")
@@ -237,25 +261,57 @@ def _popcount(v):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(parallel=True, cache=True)
-def _compact(  # type: ignore[no-untyped-def]
-    nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, src_ptr, src_pos, subm
-):
-    """Write the hits of each chunk at ``start[c, k]``: offset-major, output rows ascending.
+def _degrees(mask):  # type: ignore[no-untyped-def]
+    """``dst_ptr``: the CSR pointer of the pairs by output row, ``popcount(mask)`` per row."""
+    n = mask.shape[0]
+    degree = np.empty(n, np.int64)
+    for o in numba.prange(n):
+        degree[o] = _popcount(mask[o])
+    ptr = np.zeros(n + 1, np.int64)
+    for o in range(n):
+        ptr[o + 1] = ptr[o] + degree[o]
+    return ptr
 
-    Also the CSRs of :func:`fusekit.gms.plan`: by output row (the row's pairs in position order,
-    which is offset order) and, for submanifold maps, by input row: input ``i`` feeds through
-    ``k`` exactly when ``nbr[i, 26 - k] >= 0``, so its pairs in offset order are the set bits of
-    ``mask[i]`` from the top, and pair ``(k, i)`` is the ``popcount(mask[i] >> (27 - k))``-th.
+
+@numba.njit(parallel=True, cache=True)
+def _write_pairs(  # type: ignore[no-untyped-def]
+    # pass 1's hits, bits and each chunk's first position per offset [chunks, 27]
+    hits,
+    mask,
+    start,
+    # CSR pointers by output row and (SubM) by input row
+    dst_ptr,
+    src_ptr,
+    subm,
+    # out [E]: the plan's order, gather, segment, scatter, dst_pos and (SubM) src_pos
+    order,
+    gather,
+    segment,
+    scatter,
+    dst_pos,
+    src_pos,
+):
+    """Pass 2: every hit written at its plan position ``p``, offset-major, outputs ascending.
+
+    The hit ``(k, i)`` of output ``o`` goes to ``p = start[c, k] + `` (hits of ``k`` before it in
+    chunk ``c``); ``dst_pos`` lists a row's positions in offset order. SubM maps also fill
+    ``src_pos``: input ``i`` feeds through ``k`` exactly when bit ``26 - k`` of ``mask[i]`` is
+    set, so pair ``(k, i)`` is the ``popcount(mask[i] >> (27 - k))``-th of input ``i``.
     """
-    n_out = nbr.shape[0]
+    n_out = mask.shape[0]
     for c in numba.prange(start.shape[0]):
         at = start[c].copy()
+        h = c * _CHUNK * KERNEL_VOLUME
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            bits = mask[o]
             j = dst_ptr[o]
             for k in range(KERNEL_VOLUME):
-                i = nbr[o, k]
-                if i >= 0:
+                if (bits >> k) & 1:
+                    i = hits[h]
+                    h += 1
                     p = at[k]
+                    at[k] += 1
+                    order[p] = p
                     gather[p] = i
                     segment[p] = k
                     scatter[p] = o
@@ -263,7 +319,190 @@ def _compact(  # type: ignore[no-untyped-def]
                     j += 1
                     if subm:
                         src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
-                    at[k] += 1
+
+
+@numba.njit(cache=True)
+def _run_ptr(first_row, before, mask, offset_ptr):  # type: ignore[no-untyped-def]
+    """``[27, B + 1]``: where the pairs of offset ``k`` with output row ``>= first_row[b]`` start.
+
+    ``before[c, k]`` counts offset ``k``'s pairs in the chunks before ``c``; the rows of the
+    block's first chunk before ``first_row[b]`` are added from their bits.
+    """
+    out = np.empty((KERNEL_VOLUME, first_row.shape[0]), np.int64)
+    for b in range(first_row.shape[0]):
+        row = first_row[b]
+        c = row // _CHUNK
+        for k in range(KERNEL_VOLUME):
+            out[k, b] = offset_ptr[k] + before[c, k]
+        for o in range(c * _CHUNK, row):
+            for k in range(KERNEL_VOLUME):
+                out[k, b] += (mask[o] >> k) & 1
+    return out
+
+
+def _runs(keys: np.ndarray, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted keys as runs of one row: row ids, run pointer, x."""
+    rows = keys // row_length
+    starts = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+    ptr = np.concatenate([[0], starts, [len(keys)]]).astype(np.int64)
+    if len(keys) == 0:
+        ptr = ptr[:1]
+    return rows[ptr[:-1]], ptr, keys - rows * row_length
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Hits:
+    """Pass 1 of a CPU kernel map: every pair found, not yet written in plan order.
+
+    The map's sizes and counts are known here, so the gms selector can choose the plan knobs
+    (:meth:`features`) before pass 2 writes the pairs straight into the packed plan
+    (:meth:`plan`), or into a :class:`KernelMap` (:meth:`kernel_map`).
+
+    Attributes:
+        hits: ``[chunks * 1024 * 27]`` int32/int64 inputs, chunk ``c``'s hits from
+            ``c * 1024 * 27`` in (output, offset) order.
+        mask: ``[N_out]`` int64 each output's offsets as bits (bit ``k``: offset ``k``).
+        counts: ``[chunks, 27]`` hits per (chunk of 1024 outputs, offset).
+        dst_ptr: ``[N_out + 1]`` pairs by output row.
+        n_in: input voxels.
+        out_coords: ``[N_out, 4]`` output voxels (the input tensor for SubM).
+        out_shape: output spatial shape.
+        subm: outputs are the inputs (then the pairs by input row follow from ``mask``).
+    """
+
+    hits: np.ndarray
+    mask: np.ndarray
+    counts: np.ndarray
+    dst_ptr: np.ndarray
+    n_in: int
+    out_coords: Any
+    out_shape: tuple[int, int, int]
+    subm: bool
+
+    @property
+    def num_pairs(self) -> int:
+        """``E``."""
+        return int(self.dst_ptr[-1])
+
+    @property
+    def offset_ptr(self) -> np.ndarray:
+        """``[28]`` where each offset's pairs start in plan order."""
+        return np.concatenate([[0], np.cumsum(self.counts.sum(0))]).astype(np.int64)
+
+    def features(self, k: int, m: int, dtype: torch.dtype) -> Features:
+        """The gms selector's features of the map (``fusekit.gms.features`` of its plan).
+
+        Raises:
+            TypeError: a dtype gms does not run.
+        """
+        import torch
+
+        from fusekit.gms.features import features_of_counts
+
+        degree = torch.from_numpy(np.diff(self.dst_ptr))
+        return features_of_counts(
+            segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
+            degree=degree,
+            sources=degree if self.subm else None,
+            n_in=self.n_in,
+            k=k,
+            m=m,
+            dtype=dtype,
+        )
+
+    def _write(self, views: dict[str, Any]) -> None:
+        """Pass 2 into ``views`` (numpy arrays of ``[E]``); the SubM src CSR is ``dst_ptr``."""
+        counts = self.counts
+        start = self.offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
+        _write_pairs(
+            self.hits,
+            self.mask,
+            start,
+            self.dst_ptr,
+            self.dst_ptr,
+            self.subm,
+            *(views[n] for n in ("order", "gather", "segment", "scatter", "dst_pos", "src_pos")),
+        )
+        if not self.subm:  # pairs by input row: a counting sort of the gather rows
+            src_ptr, src_pos = _counting_order(views["gather"], self.n_in)
+            views["src_ptr"][:] = src_ptr
+            views["src_pos"][:] = src_pos
+        else:
+            views["src_ptr"][:] = self.dst_ptr
+        views["dst_ptr"][:] = self.dst_ptr
+
+    def kernel_map(self) -> KernelMap:
+        """Pass 2 into plain arrays: the :class:`KernelMap` (with its CSRs)."""
+        import torch
+
+        e, n_out = self.num_pairs, self.mask.shape[0]
+        views = {n: np.empty(e, np.int64) for n in ("order", "gather", "segment", "scatter")}
+        views |= {"dst_pos": np.empty(e, np.int64), "src_pos": np.empty(e, np.int64)}
+        views |= {
+            "dst_ptr": np.empty(n_out + 1, np.int64),
+            "src_ptr": np.empty(self.n_in + 1, np.int64),
+        }
+        self._write(views)
+        return self._kernel_map(
+            *(torch.from_numpy(views[n]) for n in ("gather", "segment", "scatter")),
+            csr=tuple(views[n] for n in ("dst_ptr", "dst_pos", "src_ptr", "src_pos")),
+        )
+
+    def plan(self, tile_rows: int, blocks: int, schedule: str) -> tuple[KernelMap, GMSPlan]:
+        """Pass 2 straight into a packed gms plan with these knobs, and the map as its views.
+
+        Equal to ``plan_kernel_map(self.kernel_map(), tile_rows, blocks, schedule)``: the runs
+        of each (offset, destination block) come from the per-chunk counts (:func:`_run_ptr`),
+        the tiles from :func:`fusekit.gms.problem.tiles_of_runs`, then every pair is written
+        once, at its position in the buffer.
+        """
+        import torch
+
+        from fusekit.gms.problem import block_rows, empty_plan, tiles_of_runs
+
+        e, n_out = self.num_pairs, self.mask.shape[0]
+        first_row = block_rows(torch.from_numpy(self.dst_ptr), blocks).numpy()
+        before = np.zeros((self.counts.shape[0] + 1, KERNEL_VOLUME), np.int64)
+        np.cumsum(self.counts, 0, out=before[1:])
+        run_ptr = _run_ptr(first_row, before, self.mask, self.offset_ptr)
+        tiles = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule)
+        out = empty_plan(
+            num_pairs=e,
+            n_in=self.n_in,
+            n_out=n_out,
+            num_segments=KERNEL_VOLUME,
+            num_tiles=len(tiles["tile_start"]),
+            num_blocks=blocks,
+            num_items=len(tiles["item_ptr"]) - 1,
+            tile_rows=tile_rows,
+            schedule=schedule,
+        )
+        self._write({n: v.numpy() for n, v in out.views.items()})
+        out.views["segment_ptr"].copy_(torch.from_numpy(self.offset_ptr))
+        for name, value in tiles.items():
+            out.views[name].copy_(value)
+        plan = out.plan()
+        kmap = self._kernel_map(plan.gather, plan.segment, plan.scatter, csr=(None,) * 4)
+        return kmap, plan
+
+    def _kernel_map(
+        self, gather: Any, segment: Any, scatter: Any, csr: tuple[Any, ...]
+    ) -> KernelMap:
+        import torch
+
+        coords = self.out_coords
+        return KernelMap(
+            gather=gather,
+            segment=segment,
+            scatter=scatter,
+            offset_ptr=torch.from_numpy(self.offset_ptr),
+            n_in=self.n_in,
+            out_coords=coords
+            if isinstance(coords, torch.Tensor)
+            else torch.from_numpy(coords).to(torch.int32),
+            out_shape=self.out_shape,
+            csr=csr,  # type: ignore[arg-type]
+        )
 
 
 @numba.njit(cache=True)
@@ -309,61 +548,68 @@ def _linear(coords: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
     return ((coords[:, 0] * z + coords[:, 1]) * y + coords[:, 2]) * x + coords[:, 3]
 
 
-def _build_cpu(
-    coords: np.ndarray,
-    shape: tuple[int, int, int],
-    stride: tuple[int, int, int],
-    padding: tuple[int, int, int],
-    subm: bool,
-) -> tuple[Any, ...]:
+def find_hits(
+    indices: torch.Tensor,
+    spatial_shape: tuple[int, int, int],
+    batch_size: int,
+    stride: tuple[int, int, int] = (1, 1, 1),
+    padding: tuple[int, int, int] = (1, 1, 1),
+    subm: bool = True,
+) -> Hits:
+    """Pass 1 of the CPU kernel map (numba): sort the keys, hash the rows, find every pair.
+
+    Args: as :func:`build`, with ``indices`` on the CPU.
+
+    Returns:
+        The :class:`Hits`; pass 2 is :meth:`Hits.plan` (into a gms plan) or
+        :meth:`Hits.kernel_map`.
+
+    Raises:
+        TypeError, ValueError: see :func:`check_indices`; duplicate voxels; indices not on
+            the CPU.
+    """
+    check_indices(indices, spatial_shape, batch_size)
+    if indices.device.type != "cpu":
+        raise ValueError(expected("find_hits", "indices", "on the CPU", indices.device))
+    shape: tuple[int, int, int] = tuple(int(n) for n in spatial_shape)  # type: ignore[assignment]
+    if subm:
+        stride, padding = (1, 1, 1), (1, 1, 1)
+    coords = indices.numpy().astype(np.int64, copy=False)
     keys = _linear(coords, shape)
     ascending = bool(np.all(keys[1:] > keys[:-1]))
     order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
-    if len(same):
-        raise ValueError(_duplicate_message(coords, int(max(order[same[0]], order[same[0] + 1]))))
+    sorted_keys = keys if ascending else keys[order]
+    if not ascending:
+        same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+        if len(same):
+            row = int(max(order[same[0]], order[same[0] + 1]))
+            raise ValueError(_duplicate_message(coords, row))
     out_shape = shape if subm else output_shape(shape, stride, padding)
+    in_rows, in_ptr, in_x = _runs(sorted_keys, shape[2])
     if subm:
-        out_coords, out_keys, out_order = coords, sorted_keys, order
+        out_coords: Any = indices
+        out_rows, out_ptr, out_order = in_rows, in_ptr, order
+        x_of = coords[:, 3]
     else:
         sizes = (np.array(shape), np.array(out_shape), np.array(stride), np.array(padding))
         out_keys = _strided_outputs(coords, *sizes)
-        out_coords, out_order = _unlinear(out_keys, out_shape), np.arange(len(out_keys))
-    n_out = out_coords.shape[0]
-    nbr = np.full((n_out, KERNEL_VOLUME), -1, np.int32)
-    in_rows, in_ptr, in_x = _runs(sorted_keys, shape[2])
+        out_coords = _unlinear(out_keys, out_shape)
+        out_rows, out_ptr, x_of = _runs(out_keys, out_shape[2])
+        out_order = np.arange(len(out_keys))
+    n_out = len(x_of)
+    run_of = np.empty(n_out, np.int64)
+    run_of[out_order] = np.repeat(np.arange(len(out_rows)), np.diff(out_ptr))
     bits = max(4, int(2 * max(len(in_rows), 1) - 1).bit_length())
     table = _row_table(in_rows, bits)
-    out_rows, out_ptr, out_x = _runs(out_keys, out_shape[2])
-    _probe_rows(
-        in_rows,
-        in_ptr,
-        in_x,
-        order,
-        table,
-        bits,
-        out_rows,
-        out_ptr,
-        out_x,
-        out_order,
-        nbr,
-        *(np.array(v) for v in (shape, out_shape, stride, padding)),
-    )
-    counts = np.zeros(((n_out + _CHUNK - 1) // _CHUNK, KERNEL_VOLUME), np.int64)
-    degree = np.empty(n_out, np.int64)
+    sizes = tuple(np.array(v) for v in (shape, out_shape, stride, padding))
+    nbr = _neighbour_runs(out_rows, table, bits, *sizes)
+    chunks = (n_out + _CHUNK - 1) // _CHUNK
+    hits = np.empty(chunks * _CHUNK * KERNEL_VOLUME, np.int64)  # pages touched: ~E * 8 bytes
     mask = np.empty(n_out, np.int64)
-    _count(nbr, counts, degree, mask)
-    offset_ptr = np.concatenate([[0], np.cumsum(counts.sum(0))])
-    # start[c, k] = offset_ptr[k] + hits of offset k in the chunks before c
-    start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
-    e = int(offset_ptr[-1])
-    gather, segment, scatter, dst_pos = (np.empty(e, np.int64) for _ in range(4))
-    dst_ptr = np.concatenate([[0], np.cumsum(degree)])
-    src_pos = np.empty(e if subm else 0, np.int64)
-    _compact(nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, dst_ptr, src_pos, subm)
-    csr = (dst_ptr, dst_pos, dst_ptr, src_pos) if subm else (dst_ptr, dst_pos, None, None)
-    return gather, segment, scatter, offset_ptr, out_coords, csr
+    counts = np.zeros((chunks, KERNEL_VOLUME), np.int64)
+    _find_hits(run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], hits, mask, counts)
+    dst_ptr = _degrees(mask)
+    return Hits(hits, mask, counts, dst_ptr, len(keys), out_coords, out_shape, subm)
 
 
 def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -456,26 +702,11 @@ def build(
     Raises:
         TypeError, ValueError: see :func:`check_indices`; duplicate voxels.
     """
-    import torch
-
-    check_indices(indices, spatial_shape, batch_size)
-    shape = tuple(int(n) for n in spatial_shape)
-    stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))
-    if indices.device.type != "cpu":
+    stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))  # type: ignore[assignment]
+    if isinstance(indices, torch.Tensor) and indices.device.type != "cpu":
+        shape = tuple(int(n) for n in spatial_shape)
         return build_reference(indices, shape, batch_size, stride, padding, subm)  # type: ignore[arg-type]
-    coords = indices.numpy().astype(np.int64, copy=False)
-    g, s, d, ptr, out, csr = _build_cpu(coords, shape, stride, padding, subm)  # type: ignore[arg-type]
-    out_shape = shape if subm else output_shape(shape, stride, padding)  # type: ignore[arg-type]
-    return KernelMap(
-        gather=torch.from_numpy(g),
-        segment=torch.from_numpy(s),
-        scatter=torch.from_numpy(d),
-        offset_ptr=torch.from_numpy(ptr),
-        n_in=int(indices.shape[0]),
-        out_coords=indices if subm else torch.from_numpy(out).to(torch.int32),
-        out_shape=out_shape,  # type: ignore[arg-type]
-        csr=csr,
-    )
+    return find_hits(indices, spatial_shape, batch_size, stride, padding, subm).kernel_map()
 
 
 def build_reference(
@@ -703,8 +934,9 @@ def plan_kernel_map(
         TILE_ROWS,
         GMSPlan,
         OrderPlan,
-        _pack,
         default_blocks,
+        pack,
+        plan_sorted,
     )
 
     tile_rows = TILE_ROWS if tile_rows is None else tile_rows
@@ -716,8 +948,20 @@ def plan_kernel_map(
         raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
     g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
     e = len(g)
-    if not orders and all(a is not None for a in kmap.csr):
-        return _packed_plan(kmap, g, s, d, tile_rows, blocks, schedule)
+    if not orders:
+        csr = kmap.csr if all(a is not None for a in kmap.csr) else None
+        return plan_sorted(
+            kmap.gather.cpu(),
+            kmap.segment.cpu(),
+            kmap.scatter.cpu(),
+            n_in=kmap.n_in,
+            n_out=kmap.n_out,
+            num_segments=KERNEL_VOLUME,
+            tile_rows=tile_rows,
+            blocks=blocks,
+            schedule=schedule,
+            csr=tuple(torch.from_numpy(a) for a in csr) if csr is not None else None,  # type: ignore[arg-type]
+        )
 
     none = np.empty(0, np.int64)
 
@@ -768,7 +1012,7 @@ def plan_kernel_map(
 
     base = one(g, s, d, kmap.n_in, kmap.n_out, kmap.csr)
     if not orders:
-        return _pack(base)
+        return pack(base)
     # aggregate-first: every (s, d) is one group, in the same order
     rows = np.arange(e)
     aggregate = OrderPlan(index=torch.arange(e + 1), plan=one(rows, s, d, e, kmap.n_out))
@@ -780,141 +1024,38 @@ def plan_kernel_map(
     gs = g[by_sg]
     n_in = int(gs.max()) + 1 if e else 0
     transform = OrderPlan(index=torch.from_numpy(row_of), plan=one(gs, s[by_sg], rows, n_in, e))
-    return _pack(replace(base, aggregate=aggregate, transform=transform))
+    return pack(replace(base, aggregate=aggregate, transform=transform))
 
 
 def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features:
     """``fusekit.gms.features(plan, k, m, dtype, has_scale=False)`` of a map, without a plan.
 
     Equal to the planned features (tests compare them): ``V = U = E`` (every (offset, input)
-    and (offset, output) is one pair), per-offset rows are the pairs of each offset.
-    """
-    from fusekit.gms.features import DTYPE_NAMES, Features
-
-    if str(dtype) not in DTYPE_NAMES:
-        raise TypeError(expected("sparse conv", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
-    ptr = kmap.offset_ptr.tolist()
-    per_offset = tuple(b - a for a, b in itertools.pairwise(ptr))
-    dst_ptr, _, src_ptr, _ = kmap.csr
-    degree = (
-        np.diff(dst_ptr)
-        if dst_ptr is not None
-        else np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
-    )
-    sources = (
-        np.diff(src_ptr)
-        if src_ptr is not None
-        else np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
-    )
-    e = kmap.num_pairs
-    return Features(
-        pairs=e,
-        segments=KERNEL_VOLUME,
-        n_in=kmap.n_in,
-        n_out=kmap.n_out,
-        k=k,
-        m=m,
-        dtype=DTYPE_NAMES[str(dtype)],
-        reduce="sum",
-        has_scale=False,
-        transform_rows=e,
-        aggregate_rows=e,
-        gather_rows=int((sources > 0).sum()),
-        scatter_rows=int((degree > 0).sum()),
-        max_row_pairs=int(degree.max()) if degree.size else 0,
-        segment_pairs=per_offset,
-        transform_segment_rows=per_offset,
-        aggregate_segment_rows=per_offset,
-    )
-
-
-def _packed_plan(
-    kmap: KernelMap,
-    g: np.ndarray,
-    s: np.ndarray,
-    d: np.ndarray,
-    tile_rows: int,
-    blocks: int,
-    schedule: str,
-) -> GMSPlan:
-    """:func:`plan_kernel_map` without orders, written straight into the packed buffer.
-
-    The tiles come from the runs of (offset, block) alone, found by binary search: block ``b``
-    starts at output row ``r_b`` (rows' blocks are ``floor(pairs before r * B / E)``), so run
-    ``(k, b)`` of offset ``k``'s pairs (output rows ascending) starts at
-    ``searchsorted(d[k's pairs], r_b)``: no pass over the pairs. The pairs and the CSRs are
-    copied once, by torch (in parallel), into the one int64 buffer ``GMSPlan.packed`` holds.
+    and (offset, output) is one pair), per-offset rows are the pairs of each offset
+    (:func:`fusekit.gms.features.features_of_counts`).
     """
     import torch
 
-    from fusekit.gms.problem import _MAGIC, _TENSOR_FIELDS, REDUCES, SCHEDULES, GMSPlan
+    from fusekit.gms.features import features_of_counts
 
-    e, n_in, n_out = len(g), kmap.n_in, kmap.n_out
-    dst_ptr, dst_pos, src_ptr, src_pos = kmap.csr
-    offset_ptr = kmap.offset_ptr.numpy()
-    # destination blocks and the first row of each
-    row_block = np.minimum(dst_ptr[:-1] * blocks // max(e, 1), blocks - 1)
-    first_row = np.searchsorted(row_block, np.arange(blocks + 1))
-    # run (k, b) = positions [at[k, b], at[k, b + 1]) of offset k's pairs
-    at = np.empty((KERNEL_VOLUME, blocks + 1), np.int64)
-    for k in range(KERNEL_VOLUME):
-        lo, hi = int(offset_ptr[k]), int(offset_ptr[k + 1])
-        at[k] = lo + np.searchsorted(d[lo:hi], first_row)
-        at[k, blocks] = hi
-    run_start = at[:, :-1].T.reshape(-1)  # listed by (block, offset)
-    run_len = at[:, 1:].T.reshape(-1) - run_start
-    per_run = (run_len + tile_rows - 1) // tile_rows
-    run_of_tile = np.repeat(np.arange(len(run_start)), per_run)
-    j = np.arange(len(run_of_tile)) - np.repeat(np.cumsum(per_run) - per_run, per_run)
-    tile_start = run_start[run_of_tile] + j * tile_rows
-    run_end = run_start + run_len
-    tile_end = np.minimum(tile_start + tile_rows, run_end[run_of_tile])
-    tile_segment = run_of_tile % KERNEL_VOLUME
-    tile_block = run_of_tile // KERNEL_VOLUME
-    n_tiles = len(tile_start)
-    block_ptr = np.concatenate([[0], np.cumsum(np.bincount(tile_block, minlength=blocks))])
-    if schedule == "pad":
-        item_ptr = np.arange(n_tiles + 1)
-    else:  # windows of tile_rows pairs within a block (as gms.plan's step 4)
-        rows = tile_end - tile_start
-        before = np.concatenate([[0], np.cumsum(rows)])  # pairs in the tiles before each tile
-        window = (before[:-1] - before[block_ptr[:-1]][tile_block]) // tile_rows
-        change = np.ones(n_tiles, bool)
-        change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
-        item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
-    sizes = (e, n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum"), tile_rows)
-    meta = np.array([_MAGIC, *sizes, SCHEDULES.index(schedule)])
-    parts: dict[str, np.ndarray | int] = {
-        "order": e,  # filled with arange below
-        "gather": g,
-        "segment": s,
-        "scatter": d,
-        "norm": np.empty(0, np.int64),
-        "segment_ptr": offset_ptr,
-        "tile_segment": tile_segment,
-        "tile_start": tile_start,
-        "tile_end": tile_end,
-        "block_ptr": block_ptr,
-        "item_ptr": item_ptr,
-        "dst_ptr": dst_ptr,
-        "dst_pos": dst_pos,
-        "src_ptr": src_ptr,
-        "src_pos": src_pos,
-    }
-    lengths = [8] + [v if isinstance(v, int) else len(v) for v in parts.values()]
-    lengths += [0] * (2 * (2 + len(_TENSOR_FIELDS)))  # no aggregate or transform order
-    head = [_MAGIC, len(lengths), *lengths]
-    buffer = torch.empty(len(head) + sum(lengths), dtype=torch.int64)
-    buffer[: len(head)] = torch.tensor(head)
-    cursor = len(head)
-    buffer[cursor : cursor + 8] = torch.from_numpy(meta)
-    cursor += 8
-    for value in parts.values():
-        n = value if isinstance(value, int) else len(value)
-        view = buffer[cursor : cursor + n]
-        if isinstance(value, int):
-            torch.arange(n, out=view)
-        elif n:
-            view.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64)))
-        cursor += n
-    return GMSPlan.from_packed(buffer)
+    ptr = kmap.offset_ptr.tolist()
+    dst_ptr, _, src_ptr, _ = kmap.csr
+    degree = (
+        torch.from_numpy(np.diff(dst_ptr))
+        if dst_ptr is not None
+        else torch.bincount(kmap.scatter.cpu(), minlength=kmap.n_out)
+    )
+    sources = (
+        torch.from_numpy(np.diff(src_ptr))
+        if src_ptr is not None
+        else torch.bincount(kmap.gather.cpu(), minlength=kmap.n_in)
+    )
+    return features_of_counts(
+        segment_pairs=tuple(b - a for a, b in itertools.pairwise(ptr)),
+        degree=degree,
+        sources=sources,
+        n_in=kmap.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+    )
