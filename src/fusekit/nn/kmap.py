@@ -253,11 +253,176 @@ def _find_hits(  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, inline="always")
 def _popcount(v):  # type: ignore[no-untyped-def]
-    n = 0
-    while v:
-        v &= v - 1
-        n += 1
-    return n
+    """Set bits of ``0 <= v < 2^62`` (SWAR: pairs, nibbles, bytes, then one multiply)."""
+    v = v - ((v >> 1) & 0x5555555555555555)
+    v = (v & 0x3333333333333333) + ((v >> 2) & 0x3333333333333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return ((v * 0x0101010101010101) >> 56) & 0xFF
+
+
+#: De Bruijn table: the index of the lowest set bit ``b`` of a 32-bit word is
+#: ``_DEBRUIJN[((b * 0x077CB531) mod 2^32) >> 27]``.
+_DEBRUIJN = np.array(
+    [0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8, 31, 27, 13, 23, 21, 19, 16, 7]
+    + [26, 12, 18, 6, 11, 5, 10, 9],  # noqa: RUF005 (split for the line length)
+    np.int64,
+)
+
+
+@numba.njit(cache=True, inline="always")
+def _lowest_bit(bits, debruijn):  # type: ignore[no-untyped-def]
+    """Index of the lowest set bit of ``0 < bits < 2^32``."""
+    return debruijn[(((bits & -bits) * 0x077CB531) & 0xFFFFFFFF) >> 27]
+
+
+@numba.njit(parallel=True, cache=True)
+def _find_lower(  # type: ignore[no-untyped-def]
+    # per voxel (inputs sorted by key): its row's run [N], x [N]; run pointer [R + 1]
+    run_of,
+    x_of,
+    in_ptr,
+    # the runs' neighbour runs [R, 9] (entries 0..3: rows (z-1, y-1..y+1) and (z, y-1))
+    nbr,
+    # out: lower hits [chunks * _CHUNK * 13] per chunk, their bits [N], counts [chunks, 27]
+    hits,
+    mask,
+    counts,
+):
+    """Pass 1 of a SubM map on sorted voxels: the 13 offsets before the centre only.
+
+    Offset ``k < 13`` reads a voxel with a smaller key (``dz < 0``, or ``dz = 0, dy < 0``, or
+    ``dz = dy = 0, dx = -1``); its mirror ``26 - k`` is the same pair reversed, and ``13`` is
+    the identity, so these 4 neighbour rows and the voxel before give the whole map. Rows
+    ``(z - 1, *)`` and ``(z, y - 1)`` are merged as in :func:`_find_hits`; ``dx = -1`` in the
+    voxel's own row is voxel ``o - 1`` when it sits at ``x - 1``.
+    """
+    n = run_of.shape[0]
+    for c in numba.prange(counts.shape[0]):
+        at = c * _CHUNK * 13
+        cursor = np.zeros(4, np.int64)
+        last_run = -1
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            r = run_of[o]
+            x0 = x_of[o] - 1
+            fresh = r != last_run
+            bits = 0
+            for kzy in range(4):
+                run = nbr[r, kzy]
+                if run < 0:
+                    continue
+                end = in_ptr[run + 1]
+                j = in_ptr[run] if fresh else cursor[kzy]
+                while j < end and x_of[j] < x0:
+                    j += 1
+                cursor[kzy] = j
+                for kx in range(3):
+                    if j < end and x_of[j] == x0 + kx:
+                        k = kzy * 3 + kx
+                        bits |= 1 << k
+                        hits[at] = j
+                        at += 1
+                        counts[c, k] += 1
+                        j += 1
+            if o > 0 and run_of[o - 1] == r and x_of[o - 1] == x0:
+                bits |= 1 << 12
+                hits[at] = o - 1
+                at += 1
+                counts[c, 12] += 1
+            mask[o] = bits
+            last_run = r
+
+
+@numba.njit(cache=True)
+def _mirror(hits, mask, counts, debruijn):  # type: ignore[no-untyped-def]
+    """Complete the masks and counts of :func:`_find_lower` (serial: mirrors cross chunks).
+
+    Lower hit ``(k, i)`` of voxel ``o`` is the pair ``(26 - k, o)`` of output ``i``: bit
+    ``26 - k`` of ``mask[i]``, counted in ``i``'s chunk; every voxel has the centre, bit 13.
+    """
+    n = mask.shape[0]
+    upper = np.zeros(n, np.int64)
+    for c in range(counts.shape[0]):
+        h = c * _CHUNK * 13
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            bits = mask[o]
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                upper[i] |= 1 << (26 - k)
+                counts[i // _CHUNK, 26 - k] += 1
+            counts[c, 13] += 1
+    for o in range(n):
+        mask[o] |= upper[o] | (1 << 13)
+
+
+@numba.njit(parallel=True, cache=True)
+def _write_symmetric(  # type: ignore[no-untyped-def]
+    # pass 1's lower hits, full bits [N], each chunk's first position per offset [chunks, 27]
+    hits,
+    mask,
+    start,
+    # offset pointer [28], CSR pointer by row [N + 1] (by output = by input for SubM)
+    offset_ptr,
+    ptr,
+    debruijn,
+    # out [E]: gather, scatter, dst_pos, src_pos
+    gather,
+    scatter,
+    dst_pos,
+    src_pos,
+):
+    """Pass 2 of a SubM map on sorted voxels: each lower hit writes itself and its mirror.
+
+    Hit ``(k, i)`` of ``o`` goes to ``p = start[c, k] + `` (hits of ``k`` before it in chunk
+    ``c``). Its mirror ``(26 - k, o -> i)`` takes the same rank in offset ``26 - k``:
+    ``p' = offset_ptr[26 - k] + p - offset_ptr[k]``, since ``i`` is ``o`` shifted by one key
+    difference, so sorting by ``i`` sorts by ``o``. The centre of ``o`` is
+    ``offset_ptr[13] + o``. CSR slots: a pair ``(k, g -> d)`` is the
+    ``popcount(mask[d] & (2^k - 1))``-th of row ``d`` and the ``popcount(mask[g] >> (27 - k))``-th
+    of input ``g``.
+    """
+    n = mask.shape[0]
+    for c in numba.prange(start.shape[0]):
+        at = start[c].copy()
+        h = c * _CHUNK * 13
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            full = mask[o]
+            lower = full & 0x1FFF
+            bits = lower
+            t = 0
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                p = at[k]
+                at[k] = p + 1
+                gather[p] = i
+                scatter[p] = o
+                dst_pos[ptr[o] + t] = p
+                src_pos[ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
+                t += 1
+                q = offset_ptr[26 - k] + p - offset_ptr[k]
+                gather[q] = o
+                scatter[q] = i
+                dst_pos[ptr[i] + _popcount(mask[i] & ((1 << (26 - k)) - 1))] = q
+                src_pos[ptr[o] + _popcount(full >> (k + 1))] = q
+            p = offset_ptr[13] + o
+            gather[p] = o
+            scatter[p] = o
+            dst_pos[ptr[o] + t] = p
+            src_pos[ptr[o] + _popcount(full >> 14)] = p
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_order_segment(order, segment, offset_ptr):  # type: ignore[no-untyped-def]
+    """``order[p] = p`` and ``segment[p] = k`` on offset ``k``'s positions."""
+    for k in numba.prange(offset_ptr.shape[0] - 1):
+        for p in range(offset_ptr[k], offset_ptr[k + 1]):
+            order[p] = p
+            segment[p] = k
 
 
 @numba.njit(parallel=True, cache=True)
@@ -283,10 +448,9 @@ def _write_pairs(  # type: ignore[no-untyped-def]
     dst_ptr,
     src_ptr,
     subm,
-    # out [E]: the plan's order, gather, segment, scatter, dst_pos and (SubM) src_pos
-    order,
+    debruijn,
+    # out [E]: the plan's gather, scatter, dst_pos and (SubM) src_pos
     gather,
-    segment,
     scatter,
     dst_pos,
     src_pos,
@@ -305,20 +469,19 @@ def _write_pairs(  # type: ignore[no-untyped-def]
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
             bits = mask[o]
             j = dst_ptr[o]
-            for k in range(KERNEL_VOLUME):
-                if (bits >> k) & 1:
-                    i = hits[h]
-                    h += 1
-                    p = at[k]
-                    at[k] += 1
-                    order[p] = p
-                    gather[p] = i
-                    segment[p] = k
-                    scatter[p] = o
-                    dst_pos[j] = p
-                    j += 1
-                    if subm:
-                        src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                p = at[k]
+                at[k] = p + 1
+                gather[p] = i
+                scatter[p] = o
+                dst_pos[j] = p
+                j += 1
+                if subm:
+                    src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
 
 
 @numba.njit(cache=True)
@@ -359,8 +522,9 @@ class Hits:
     (:meth:`plan`), or into a :class:`KernelMap` (:meth:`kernel_map`).
 
     Attributes:
-        hits: ``[chunks * 1024 * 27]`` int32/int64 inputs, chunk ``c``'s hits from
-            ``c * 1024 * 27`` in (output, offset) order.
+        hits: ``[chunks * 1024 * 27]`` int32 inputs, chunk ``c``'s hits from
+            ``c * 1024 * 27`` in (output, offset) order (``13`` instead of ``27`` when
+            ``symmetric``).
         mask: ``[N_out]`` int64 each output's offsets as bits (bit ``k``: offset ``k``).
         counts: ``[chunks, 27]`` hits per (chunk of 1024 outputs, offset).
         dst_ptr: ``[N_out + 1]`` pairs by output row.
@@ -368,6 +532,8 @@ class Hits:
         out_coords: ``[N_out, 4]`` output voxels (the input tensor for SubM).
         out_shape: output spatial shape.
         subm: outputs are the inputs (then the pairs by input row follow from ``mask``).
+        symmetric: ``hits`` holds the 13 offsets before the centre only, ``13`` per output
+            (:func:`_find_lower`: SubM on voxels sorted by key).
     """
 
     hits: np.ndarray
@@ -378,6 +544,7 @@ class Hits:
     out_coords: Any
     out_shape: tuple[int, int, int]
     subm: bool
+    symmetric: bool = False
 
     @property
     def num_pairs(self) -> int:
@@ -412,17 +579,25 @@ class Hits:
 
     def _write(self, views: dict[str, Any]) -> None:
         """Pass 2 into ``views`` (numpy arrays of ``[E]``); the SubM src CSR is ``dst_ptr``."""
-        counts = self.counts
-        start = self.offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
-        _write_pairs(
-            self.hits,
-            self.mask,
-            start,
-            self.dst_ptr,
-            self.dst_ptr,
-            self.subm,
-            *(views[n] for n in ("order", "gather", "segment", "scatter", "dst_pos", "src_pos")),
-        )
+        counts, offset_ptr = self.counts, self.offset_ptr
+        start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
+        _fill_order_segment(views["order"], views["segment"], offset_ptr)
+        pairs = (views["gather"], views["scatter"], views["dst_pos"], views["src_pos"])
+        if self.symmetric:
+            _write_symmetric(
+                self.hits, self.mask, start, offset_ptr, self.dst_ptr, _DEBRUIJN, *pairs
+            )
+        else:
+            _write_pairs(
+                self.hits,
+                self.mask,
+                start,
+                self.dst_ptr,
+                self.dst_ptr,
+                self.subm,
+                _DEBRUIJN,
+                *pairs,
+            )
         if not self.subm:  # pairs by input row: a counting sort of the gather rows
             src_ptr, src_pos = _counting_order(views["gather"], self.n_in)
             views["src_ptr"][:] = src_ptr
@@ -604,12 +779,24 @@ def find_hits(
     sizes = tuple(np.array(v) for v in (shape, out_shape, stride, padding))
     nbr = _neighbour_runs(out_rows, table, bits, *sizes)
     chunks = (n_out + _CHUNK - 1) // _CHUNK
-    hits = np.empty(chunks * _CHUNK * KERNEL_VOLUME, np.int64)  # pages touched: ~E * 8 bytes
     mask = np.empty(n_out, np.int64)
     counts = np.zeros((chunks, KERNEL_VOLUME), np.int64)
-    _find_hits(run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], hits, mask, counts)
+    symmetric = subm and ascending
+    # pages touched: about E * 4 bytes, each chunk's hits compacted at its start. Allocated by
+    # torch: numpy asks for huge pages above 4 MB, and faulting those in (zeroing, compaction)
+    # cost more here than the whole pass
+    size = chunks * _CHUNK * (13 if symmetric else KERNEL_VOLUME)
+    hits = torch.empty(size, dtype=torch.int32).numpy()
+    if symmetric:
+        _find_lower(run_of, in_x, in_ptr, nbr, hits, mask, counts)
+        _mirror(hits, mask, counts, _DEBRUIJN)
+    else:
+        _find_hits(
+            run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], hits, mask, counts
+        )
     dst_ptr = _degrees(mask)
-    return Hits(hits, mask, counts, dst_ptr, len(keys), out_coords, out_shape, subm)
+    n_in = len(keys)
+    return Hits(hits, mask, counts, dst_ptr, n_in, out_coords, out_shape, subm, symmetric)
 
 
 def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
