@@ -263,8 +263,10 @@ def _popcount(v):  # type: ignore[no-untyped-def]
 #: De Bruijn table: the index of the lowest set bit ``b`` of a 32-bit word is
 #: ``_DEBRUIJN[((b * 0x077CB531) mod 2^32) >> 27]``.
 _DEBRUIJN = np.array(
-    [0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8, 31, 27, 13, 23, 21, 19, 16, 7]
-    + [26, 12, 18, 6, 11, 5, 10, 9],  # noqa: RUF005 (split for the line length)
+    [
+        *(0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8),
+        *(31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9),
+    ],
     np.int64,
 )
 
