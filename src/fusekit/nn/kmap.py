@@ -487,6 +487,19 @@ def _write_pairs(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
+def _sources(hits, dst_ptr, n_in):  # type: ignore[no-untyped-def]
+    """``[N_in]`` pairs of each input: the hits of every chunk (27 slots per output) counted."""
+    out = np.zeros(n_in, np.int64)
+    n_out = dst_ptr.shape[0] - 1
+    for c in range((n_out + _CHUNK - 1) // _CHUNK):
+        lo = c * _CHUNK
+        count = dst_ptr[min(n_out, lo + _CHUNK)] - dst_ptr[lo]
+        for h in range(lo * KERNEL_VOLUME, lo * KERNEL_VOLUME + count):
+            out[hits[h]] += 1
+    return out
+
+
+@numba.njit(cache=True)
 def _run_ptr(first_row, before, mask, offset_ptr):  # type: ignore[no-untyped-def]
     """``[27, B + 1]``: where the pairs of offset ``k`` with output row ``>= first_row[b]`` start.
 
@@ -569,10 +582,13 @@ class Hits:
         from fusekit.gms.features import features_of_counts
 
         degree = torch.from_numpy(np.diff(self.dst_ptr))
+        sources = (
+            None if self.subm else torch.from_numpy(_sources(self.hits, self.dst_ptr, self.n_in))
+        )
         return features_of_counts(
             segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
             degree=degree,
-            sources=degree if self.subm else None,
+            sources=sources,
             n_in=self.n_in,
             k=k,
             m=m,
