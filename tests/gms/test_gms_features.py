@@ -1,8 +1,16 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusekit.gms import GMSProblem, plan
-from fusekit.gms.features import VECTOR_NAMES, features, features_of_counts, signature
+from fusekit.gms.features import (
+    VECTOR_NAMES,
+    features,
+    features_of_counts,
+    features_of_problem,
+    signature,
+)
 
 
 def _problem(reduce="sum"):
@@ -83,3 +91,20 @@ def test_features_of_counts_equal_planned_features():
             segment_pairs=(1,), degree=torch.ones(1), sources=None, n_in=1, k=1, m=0,
             dtype=torch.float32,
         )  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_features_of_problem_equal_planned_features(data, draw_case):
+    case = draw_case(data)
+    problem = GMSProblem.create(
+        case.gather,
+        case.segment,
+        case.scatter,
+        case.n_out,
+        n_in=case.plan.n_in,
+        num_segments=case.plan.num_segments,
+        reduce=case.reduce,
+    )
+    want = features(case.plan, 8, 4, torch.float32, has_scale=case.scale is not None)
+    assert features_of_problem(problem, 8, 4, torch.float32, case.scale is not None) == want

@@ -169,6 +169,43 @@ def features(plan: GMSPlan, k: int, m: int, dtype: torch.dtype, has_scale: bool)
     )
 
 
+def features_of_problem(
+    problem: GMSProblem, k: int, m: int, dtype: torch.dtype, has_scale: bool
+) -> Features:
+    """:func:`features` of ``plan(problem)`` without planning: counts and two distinct-key sorts.
+
+    ``V`` and ``U`` per segment are the distinct ``s N_in + g`` and ``s N_out + d`` keys counted
+    by segment; the rest are bincounts. A caller that plans only once the selector has chosen
+    the plan's knobs (``nn.engine.prepare``) plans once instead of twice.
+
+    Raises:
+        ValueError, TypeError: as :func:`features_of_counts`.
+    """
+    import torch
+
+    g, s, d = problem.gather, problem.segment, problem.scatter
+    segments = problem.num_segments
+
+    def per_segment(rows: int, index: torch.Tensor) -> tuple[int, ...]:
+        keys = torch.unique(s * max(rows, 1) + index)
+        segment_of = torch.div(keys, max(rows, 1), rounding_mode="floor")
+        return tuple(torch.bincount(segment_of, minlength=segments).tolist())
+
+    return features_of_counts(
+        segment_pairs=tuple(torch.bincount(s, minlength=segments).tolist()),
+        degree=torch.bincount(d, minlength=problem.n_out),
+        sources=torch.bincount(g, minlength=problem.n_in),
+        n_in=problem.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+        reduce=problem.reduce,
+        has_scale=has_scale,
+        transform_segment_rows=per_segment(problem.n_in, g),
+        aggregate_segment_rows=per_segment(problem.n_out, d) if problem.reduce != "max" else (),
+    )
+
+
 def features_of_counts(
     *,
     segment_pairs: tuple[int, ...],

@@ -869,8 +869,9 @@ def check_indices(
     if indices.shape[0] == 0:
         return
     bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
-    bad = ((indices < 0) | (indices >= bounds)).any(1)
-    if bool(bad.any()):
+    low, high = torch.aminmax(indices, dim=0)  # one pass; the row is found only on failure
+    if bool((low < 0).any() | (high >= bounds).any()):
+        bad = ((indices < 0) | (indices >= bounds)).any(1)
         row = int(torch.nonzero(bad)[0, 0])
         raise ValueError(
             expected(
