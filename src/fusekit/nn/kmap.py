@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.rows import scratch
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan, GMSProblem
@@ -335,7 +336,7 @@ def _find_lower(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _mirror(hits, mask, counts, debruijn):  # type: ignore[no-untyped-def]
+def _mirror(hits, hit_ptr, mask, counts, debruijn):  # type: ignore[no-untyped-def]
     """Complete the masks and counts of :func:`_find_lower` (serial: mirrors cross chunks).
 
     Lower hit ``(k, i)`` of voxel ``o`` is the pair ``(26 - k, o)`` of output ``i``: bit
@@ -344,7 +345,7 @@ def _mirror(hits, mask, counts, debruijn):  # type: ignore[no-untyped-def]
     n = mask.shape[0]
     upper = np.zeros(n, np.int64)
     for c in range(counts.shape[0]):
-        h = c * _CHUNK * 13
+        h = hit_ptr[c]
         for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
             bits = mask[o]
             while bits:
@@ -361,8 +362,10 @@ def _mirror(hits, mask, counts, debruijn):  # type: ignore[no-untyped-def]
 
 @numba.njit(parallel=True, cache=True)
 def _write_symmetric(  # type: ignore[no-untyped-def]
-    # pass 1's lower hits, full bits [N], each chunk's first position per offset [chunks, 27]
+    # pass 1's lower hits and each chunk's first [chunks + 1], full bits [N], each chunk's
+    # first position per offset [chunks, 27]
     hits,
+    hit_ptr,
     mask,
     start,
     # offset pointer [28], CSR pointer by row [N + 1] (by output = by input for SubM)
@@ -388,7 +391,7 @@ def _write_symmetric(  # type: ignore[no-untyped-def]
     n = mask.shape[0]
     for c in numba.prange(start.shape[0]):
         at = start[c].copy()
-        h = c * _CHUNK * 13
+        h = hit_ptr[c]
         for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
             full = mask[o]
             lower = full & 0x1FFF
@@ -442,8 +445,10 @@ def _degrees(mask):  # type: ignore[no-untyped-def]
 
 @numba.njit(parallel=True, cache=True)
 def _write_pairs(  # type: ignore[no-untyped-def]
-    # pass 1's hits, bits and each chunk's first position per offset [chunks, 27]
+    # pass 1's hits and each chunk's first [chunks + 1], bits, each chunk's first position per
+    # offset [chunks, 27]
     hits,
+    hit_ptr,
     mask,
     start,
     # CSR pointers by output row and (SubM) by input row
@@ -467,7 +472,7 @@ def _write_pairs(  # type: ignore[no-untyped-def]
     n_out = mask.shape[0]
     for c in numba.prange(start.shape[0]):
         at = start[c].copy()
-        h = c * _CHUNK * KERNEL_VOLUME
+        h = hit_ptr[c]
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
             bits = mask[o]
             j = dst_ptr[o]
@@ -487,15 +492,21 @@ def _write_pairs(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _sources(hits, dst_ptr, n_in):  # type: ignore[no-untyped-def]
-    """``[N_in]`` pairs of each input: the hits of every chunk (27 slots per output) counted."""
+def _sources(hits, n_in):  # type: ignore[no-untyped-def]
+    """``[N_in]`` pairs of each input (a bincount)."""
     out = np.zeros(n_in, np.int64)
-    n_out = dst_ptr.shape[0] - 1
-    for c in range((n_out + _CHUNK - 1) // _CHUNK):
-        lo = c * _CHUNK
-        count = dst_ptr[min(n_out, lo + _CHUNK)] - dst_ptr[lo]
-        for h in range(lo * KERNEL_VOLUME, lo * KERNEL_VOLUME + count):
-            out[hits[h]] += 1
+    for h in range(hits.shape[0]):
+        out[hits[h]] += 1
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _compact_hits(spread, stride, hit_ptr):  # type: ignore[no-untyped-def]
+    """Chunk ``c``'s hits, ``spread[c * stride :]``, moved to ``[hit_ptr[c], hit_ptr[c + 1])``."""
+    out = np.empty(hit_ptr[-1], np.int32)
+    for c in numba.prange(hit_ptr.shape[0] - 1):
+        for h in range(hit_ptr[c + 1] - hit_ptr[c]):
+            out[hit_ptr[c] + h] = spread[c * stride + h]
     return out
 
 
@@ -537,9 +548,9 @@ class Hits:
     (:meth:`plan`), or into a :class:`KernelMap` (:meth:`kernel_map`).
 
     Attributes:
-        hits: ``[chunks * 1024 * 27]`` int32 inputs, chunk ``c``'s hits from
-            ``c * 1024 * 27`` in (output, offset) order (``13`` instead of ``27`` when
-            ``symmetric``).
+        hits: ``[H]`` int32 inputs in (output, offset) order (``H = E``, or when ``symmetric``
+            the pairs of the 13 offsets before the centre).
+        hit_ptr: ``[chunks + 1]`` where each chunk of 1024 outputs starts in ``hits``.
         mask: ``[N_out]`` int64 each output's offsets as bits (bit ``k``: offset ``k``).
         counts: ``[chunks, 27]`` hits per (chunk of 1024 outputs, offset).
         dst_ptr: ``[N_out + 1]`` pairs by output row.
@@ -552,6 +563,7 @@ class Hits:
     """
 
     hits: np.ndarray
+    hit_ptr: np.ndarray
     mask: np.ndarray
     counts: np.ndarray
     dst_ptr: np.ndarray
@@ -582,9 +594,7 @@ class Hits:
         from fusekit.gms.features import features_of_counts
 
         degree = torch.from_numpy(np.diff(self.dst_ptr))
-        sources = (
-            None if self.subm else torch.from_numpy(_sources(self.hits, self.dst_ptr, self.n_in))
-        )
+        sources = None if self.subm else torch.from_numpy(_sources(self.hits, self.n_in))
         return features_of_counts(
             segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
             degree=degree,
@@ -603,11 +613,19 @@ class Hits:
         pairs = (views["gather"], views["scatter"], views["dst_pos"], views["src_pos"])
         if self.symmetric:
             _write_symmetric(
-                self.hits, self.mask, start, offset_ptr, self.dst_ptr, _DEBRUIJN, *pairs
+                self.hits,
+                self.hit_ptr,
+                self.mask,
+                start,
+                offset_ptr,
+                self.dst_ptr,
+                _DEBRUIJN,
+                *pairs,
             )
         else:
             _write_pairs(
                 self.hits,
+                self.hit_ptr,
                 self.mask,
                 start,
                 self.dst_ptr,
@@ -800,21 +818,25 @@ def find_hits(
     mask = np.empty(n_out, np.int64)
     counts = np.zeros((chunks, KERNEL_VOLUME), np.int64)
     symmetric = subm and ascending
-    # pages touched: about E * 4 bytes, each chunk's hits compacted at its start. Allocated by
-    # torch: numpy asks for huge pages above 4 MB, and faulting those in (zeroing, compaction)
-    # cost more here than the whole pass
-    size = chunks * _CHUNK * (13 if symmetric else KERNEL_VOLUME)
-    hits = torch.empty(size, dtype=torch.int32).numpy()
+    # pass 1 writes each chunk's hits at its start in the thread's reused gms scratch buffer
+    # (fresh pages, a fault and a zeroed page per 4 KiB, cost as much as the pass), then they
+    # are compacted into an array of their own
+    stride_h = _CHUNK * (13 if symmetric else KERNEL_VOLUME)
+    spread = scratch("kernel map hits", chunks * stride_h, 1, torch.int32).numpy().reshape(-1)
     if symmetric:
-        _find_lower(run_of, in_x, in_ptr, nbr, hits, mask, counts)
-        _mirror(hits, mask, counts, _DEBRUIJN)
+        _find_lower(run_of, in_x, in_ptr, nbr, spread, mask, counts)
     else:
         _find_hits(
-            run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], hits, mask, counts
+            run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], spread, mask, counts
         )
+    hit_ptr = np.zeros(chunks + 1, np.int64)
+    np.cumsum(counts.sum(1), out=hit_ptr[1:])
+    hits = _compact_hits(spread, stride_h, hit_ptr)
+    if symmetric:
+        _mirror(hits, hit_ptr, mask, counts, _DEBRUIJN)
     dst_ptr = _degrees(mask)
     n_in = len(keys)
-    return Hits(hits, mask, counts, dst_ptr, n_in, out_coords, out_shape, subm, symmetric)
+    return Hits(hits, hit_ptr, mask, counts, dst_ptr, n_in, out_coords, out_shape, subm, symmetric)
 
 
 def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
