@@ -216,3 +216,18 @@ def test_empty_input_plans():
         m, pl = hits.plan(16, 4, "pad")
         assert m.num_pairs == 0 and m.n_out == 0 and pl.num_tiles == 0
         assert hits.features(4, 4, torch.float32).pairs == 0
+
+
+def test_many_chunks_of_a_sorted_scan():
+    # 20k voxels: 20 chunks of 1024 outputs in 8 parts, mirrors reaching back across parts
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    hits = km.find_hits(scan.coords, scan.spatial_shape, 1)
+    assert hits.symmetric and len(hits.hit_ptr) > 9
+    m, fused = hits.plan(16, 3, "pad")
+    ref = km.build_reference(scan.coords, scan.spatial_shape, 1)
+    for name in ("gather", "segment", "scatter", "offset_ptr"):
+        assert torch.equal(getattr(m, name), getattr(ref, name)), name
+    expected = plan(ref.problem(), tile_rows=16, blocks=3, orders=False)
+    assert torch.equal(fused.packed, expected.packed)

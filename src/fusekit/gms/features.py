@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from fusekit.errors import expected
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from fusekit.gms.problem import GMSPlan, GMSProblem
@@ -209,8 +210,8 @@ def features_of_problem(
 def features_of_counts(
     *,
     segment_pairs: tuple[int, ...],
-    degree: torch.Tensor,
-    sources: torch.Tensor | None,
+    degree: torch.Tensor | np.ndarray,
+    sources: torch.Tensor | np.ndarray | None,
     n_in: int,
     k: int,
     m: int,
@@ -231,8 +232,10 @@ def features_of_counts(
 
     Args:
         segment_pairs: pairs of each segment.
-        degree: ``[N_out]`` pairs of each output row.
-        sources: ``[N_in]`` pairs of each input row, or ``None`` (same as ``degree``).
+        degree: ``[N_out]`` pairs of each output row (a tensor, or a numpy array: host
+            counts stay off torch's thread pool).
+        sources: ``[N_in]`` pairs of each input row (likewise), or ``None`` (same as
+            ``degree``).
         n_in: rows of ``x``.
         k: columns of ``x``.
         m: columns of ``y``.
@@ -262,7 +265,7 @@ def features_of_counts(
         pairs=sum(segment_pairs),
         segments=len(segment_pairs),
         n_in=n_in,
-        n_out=int(degree.shape[0]),
+        n_out=len(degree),
         k=k,
         m=m,
         dtype=DTYPE_NAMES[str(dtype)],
@@ -272,7 +275,7 @@ def features_of_counts(
         aggregate_rows=sum(aggregate) if reduce != "max" else None,
         gather_rows=int((sources > 0).sum()),
         scatter_rows=int((degree > 0).sum()),
-        max_row_pairs=int(degree.max()) if degree.numel() else 0,
+        max_row_pairs=int(degree.max()) if len(degree) else 0,
         segment_pairs=tuple(segment_pairs),
         transform_segment_rows=tuple(transform),
         aggregate_segment_rows=tuple(aggregate) if reduce != "max" else (),

@@ -586,19 +586,24 @@ def block_rows(dst_ptr: torch.Tensor, blocks: int) -> torch.Tensor:
 
     Row ``r`` belongs to block :math:`\min(\lfloor \text{dst\_ptr}[r] \, B / E \rfloor, B - 1)`
     (:func:`plan`'s step 1), a non-decreasing function of ``r``, so block ``b`` starts at the
-    first row whose block is ``b``.
+    first row whose block is ``b``. Computed on the host (numpy: no thread-pool wake-ups for
+    an O(N) pass), returned on ``dst_ptr``'s device.
     """
+    import numpy as np
     import torch
 
-    e = int(dst_ptr[-1]) if dst_ptr.numel() else 0
-    row_block = torch.div(dst_ptr[:-1] * blocks, max(e, 1), rounding_mode="floor")
-    row_block.clamp_(max=blocks - 1)
-    wanted = torch.arange(blocks + 1, device=dst_ptr.device)
-    return torch.searchsorted(row_block, wanted)
+    ptr = dst_ptr.cpu().numpy()
+    e = int(ptr[-1]) if len(ptr) else 0
+    row_block = np.minimum(ptr[:-1] * blocks // max(e, 1), blocks - 1)
+    first = np.searchsorted(row_block, np.arange(blocks + 1))
+    return torch.from_numpy(first.astype(np.int64)).to(dst_ptr.device)
 
 
 def tiles_of_runs(run_ptr: torch.Tensor, tile_rows: int, schedule: str) -> dict[str, torch.Tensor]:
     """Tiles and work items (:func:`plan`'s steps 3 and 4) of pairs in plan order.
+
+    Computed on the host (numpy; ``T`` is about ``E / tile_rows``), returned on ``run_ptr``'s
+    device.
 
     Args:
         run_ptr: ``[S, B + 1]`` int64, positions ``[run_ptr[s, b], run_ptr[s, b + 1])`` are the
@@ -612,38 +617,39 @@ def tiles_of_runs(run_ptr: torch.Tensor, tile_rows: int, schedule: str) -> dict[
         ``tile_segment``, ``tile_start``, ``tile_end`` (tiles listed by (block, segment)),
         ``block_ptr`` and ``item_ptr``.
     """
+    import numpy as np
     import torch
 
-    s, b1 = run_ptr.shape
-    dev = run_ptr.device
-    start = run_ptr[:, :-1].T.reshape(-1)  # runs listed by (block, segment)
-    end = run_ptr[:, 1:].T.reshape(-1)
-    per_run = torch.div(end - start + tile_rows - 1, tile_rows, rounding_mode="floor")
-    run_of_tile = torch.repeat_interleave(torch.arange(len(start), device=dev), per_run)
-    first = torch.cumsum(per_run, 0) - per_run
-    j = torch.arange(len(run_of_tile), device=dev) - first[run_of_tile]
-    tile_start = start[run_of_tile] + j * tile_rows
-    tile_end = torch.minimum(tile_start + tile_rows, end[run_of_tile])
-    tile_block = torch.div(run_of_tile, s, rounding_mode="floor")
-    block_ptr = _ptr(torch.bincount(tile_block, minlength=b1 - 1))
+    runs = run_ptr.cpu().numpy()
+    s, b1 = runs.shape
+    start = runs[:, :-1].T.reshape(-1)  # runs listed by (block, segment)
+    end = runs[:, 1:].T.reshape(-1)
+    per_run = (end - start + tile_rows - 1) // tile_rows
+    run_of_tile = np.repeat(np.arange(len(start)), per_run)
+    first = np.cumsum(per_run) - per_run
+    tile_start = start[run_of_tile] + (np.arange(len(run_of_tile)) - first[run_of_tile]) * tile_rows
+    tile_end = np.minimum(tile_start + tile_rows, end[run_of_tile])
+    tile_block = run_of_tile // s
+    block_ptr = np.zeros(b1, np.int64)
+    np.cumsum(np.bincount(tile_block, minlength=b1 - 1), out=block_ptr[1:])
     n_tiles = len(tile_start)
     if schedule == "pad":
-        item_ptr = torch.arange(n_tiles + 1, device=dev)
+        item_ptr = np.arange(n_tiles + 1)
     else:  # windows of tile_rows pairs within a block
         rows = tile_end - tile_start
-        window = torch.div(
-            torch.cumsum(rows, 0) - rows - _ptr_at(block_ptr, rows),
-            tile_rows,
-            rounding_mode="floor",
-        )
-        item_ptr = torch.cat([_run_starts(tile_block, window), torch.tensor([n_tiles], device=dev)])
-    return {
+        before = np.cumsum(rows) - rows  # pairs in the tiles before each tile
+        window = (before - before[block_ptr[:-1]][tile_block]) // tile_rows if n_tiles else rows
+        change = np.ones(n_tiles, bool)
+        change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
+        item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
+    out = {
         "tile_segment": run_of_tile % s,
         "tile_start": tile_start,
         "tile_end": tile_end,
         "block_ptr": block_ptr,
         "item_ptr": item_ptr,
     }
+    return {k: torch.from_numpy(v.astype(np.int64)).to(run_ptr.device) for k, v in out.items()}
 
 
 def plan_sorted(

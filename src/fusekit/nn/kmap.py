@@ -589,12 +589,10 @@ class Hits:
         Raises:
             TypeError: a dtype gms does not run.
         """
-        import torch
-
         from fusekit.gms.features import features_of_counts
 
-        degree = torch.from_numpy(np.diff(self.dst_ptr))
-        sources = None if self.subm else torch.from_numpy(_sources(self.hits, self.n_in))
+        degree = np.diff(self.dst_ptr)
+        sources = None if self.subm else _sources(self.hits, self.n_in)
         return features_of_counts(
             segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
             degree=degree,
