@@ -943,8 +943,14 @@ def build_reference(
     padding: tuple[int, int, int] = (1, 1, 1),
     subm: bool = True,
 ) -> KernelMap:
-    """The same map in plain torch on any device: sorted keys, ``searchsorted`` per offset."""
+    """The same map in plain torch on any device: sorted keys, ``searchsorted`` per offset.
+
+    The probes are written here (batch, bounds, stride, padding); the search is
+    :func:`fusekit.gms.workloads.probe_pairs`, which gms's own ``kernel_map`` workload shares.
+    """
     import torch
+
+    from fusekit.gms.workloads import probe_pairs
 
     check_indices(indices, spatial_shape, batch_size)
     dev = indices.device
@@ -985,21 +991,18 @@ def build_reference(
             zyx.append(rest % n)
             rest = torch.div(rest, n, rounding_mode="floor")
         out = torch.stack([rest, *reversed(zyx)], 1)
-    gathers, segments, scatters = [], [], []
-    for k in range(KERNEL_VOLUME):
-        src = out[:, 1:] * stride_t - pad_t + offsets[k]
-        inside = ((src >= 0) & (src < shape)).all(1)
-        probe = linear(torch.cat([out[:, :1], src], 1), shape)
-        at = torch.searchsorted(keys, probe).clamp(max=max(len(keys) - 1, 0))
-        hit = inside & (keys[at] == probe) if len(keys) else inside & False
-        gathers.append(order[at[hit]])
-        scatters.append(torch.nonzero(hit).flatten())
-        segments.append(torch.full((int(hit.sum()),), k, device=dev))
-    counts = torch.tensor([len(s) for s in segments], device=dev)
+    # the key each output reads through each offset, -1 outside the grid
+    src = out[:, None, 1:] * stride_t - pad_t + offsets  # [N_out, 27, 3]
+    inside = ((src >= 0) & (src < shape)).all(-1)
+    b_out = out[:, None, :1].expand(-1, KERNEL_VOLUME, 1)
+    probes = linear(torch.cat([b_out, src], -1).reshape(-1, 4), shape).reshape(-1, KERNEL_VOLUME)
+    probes = torch.where(inside, probes, -1)
+    gather, segment, scatter = probe_pairs(linear(c, shape), probes)
+    counts = torch.bincount(segment, minlength=KERNEL_VOLUME)
     return KernelMap(
-        gather=torch.cat(gathers),
-        segment=torch.cat(segments).long(),
-        scatter=torch.cat(scatters),
+        gather=gather,
+        segment=segment,
+        scatter=scatter,
         offset_ptr=torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
         n_in=int(indices.shape[0]),
         out_coords=indices if subm else out.to(torch.int32),
