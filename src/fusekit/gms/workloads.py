@@ -120,8 +120,8 @@ def probe_pairs(
     """The pairs ``(i, s, o)`` of a kernel map with ``keys[i] == probes[o, s]``.
 
     Input ``i`` feeds output ``o`` through offset ``s`` when its key is the one ``o`` probes
-    there. One sort of the keys and a binary search per probe (any device; the plain-torch kernel map
-    that :func:`kernel_map` and ``fusekit.nn.kmap.build_reference`` share).
+    there. One sort of the keys and a binary search per probe (any device; the plain-torch
+    kernel map that :func:`kernel_map` and ``fusekit.nn.kmap.build_reference`` share).
 
     Args:
         keys: ``[N_in]`` int64 distinct keys of the inputs.
