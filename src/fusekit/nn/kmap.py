@@ -138,7 +138,7 @@ def _row_table(rows, bits):  # type: ignore[no-untyped-def]
     return table
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
 def _neighbour_runs(  # type: ignore[no-untyped-def]
     # output rows (b, z, y) as ids in the output shape [R_out]; input row table (id -> run)
     out_rows,
@@ -157,7 +157,7 @@ def _neighbour_runs(  # type: ignore[no-untyped-def]
     """
     nbr = np.full((out_rows.shape[0], 9), -1, np.int64)
     mask = (1 << bits) - 1
-    for r in numba.prange(out_rows.shape[0]):
+    for r in range(out_rows.shape[0]):
         row = out_rows[r]
         y = row % out_shape[1]
         z = (row // out_shape[1]) % out_shape[0]
@@ -430,16 +430,13 @@ def _fill_order_segment(order, segment, offset_ptr):  # type: ignore[no-untyped-
             segment[p] = k
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
 def _degrees(mask):  # type: ignore[no-untyped-def]
     """``dst_ptr``: the CSR pointer of the pairs by output row, ``popcount(mask)`` per row."""
     n = mask.shape[0]
-    degree = np.empty(n, np.int64)
-    for o in numba.prange(n):
-        degree[o] = _popcount(mask[o])
     ptr = np.zeros(n + 1, np.int64)
     for o in range(n):
-        ptr[o + 1] = ptr[o] + degree[o]
+        ptr[o + 1] = ptr[o] + _popcount(mask[o])
     return ptr
 
 
@@ -500,11 +497,11 @@ def _sources(hits, n_in):  # type: ignore[no-untyped-def]
     return out
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
 def _compact_hits(spread, stride, hit_ptr):  # type: ignore[no-untyped-def]
     """Chunk ``c``'s hits, ``spread[c * stride :]``, moved to ``[hit_ptr[c], hit_ptr[c + 1])``."""
     out = np.empty(hit_ptr[-1], np.int32)
-    for c in numba.prange(hit_ptr.shape[0] - 1):
+    for c in range(hit_ptr.shape[0] - 1):
         for h in range(hit_ptr[c + 1] - hit_ptr[c]):
             out[hit_ptr[c] + h] = spread[c * stride + h]
     return out
@@ -889,8 +886,13 @@ def check_indices(
     if indices.shape[0] == 0:
         return
     bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
-    low, high = torch.aminmax(indices, dim=0)  # one pass; the row is found only on failure
-    if bool((low < 0).any() | (high >= bounds).any()):
+    if indices.device.type == "cpu":  # numpy: no thread-pool wake-up for an O(N) check
+        values = indices.numpy()
+        outside = bool((values.min(0) < 0).any() | (values.max(0) >= bounds.numpy()).any())
+    else:
+        low, high = torch.aminmax(indices, dim=0)
+        outside = bool((low < 0).any() | (high >= bounds).any())
+    if outside:  # the row is found only on failure
         bad = ((indices < 0) | (indices >= bounds)).any(1)
         row = int(torch.nonzero(bad)[0, 0])
         raise ValueError(
