@@ -17,22 +17,29 @@ The map is a :class:`fusekit.gms.GMSProblem`: gather ``g = i``, segment ``s = k`
 
 Two builders, with equal results (tests compare both with spconv's own indice pairs):
 
-* CPU, :func:`build` on CPU tensors (numba): the voxels sorted by their linearised key
-  ``((b Z + z) Y + y) X + x`` (no sort when they already are), cut into runs of one row
-  ``(b, z, y)``; an open-addressing hash table (linear probing, Fibonacci hashing) maps row
-  keys to runs. In parallel over output rows, the 9 rows of the ``(kz, ky)`` offsets are probed
-  once and merged with the output row along x, which finds the 3 ``kx`` offsets; then the hits
-  are compacted per offset in two parallel passes (count per chunk of outputs, then write at
-  prefix-summed positions). A first version hashed every voxel and probed the 27 offsets per
-  voxel: its random probes into an 8 MB table made it 2x slower on a 160k-voxel scan.
+* CPU, :func:`find_hits` then :class:`Hits` (numba), in two passes with the gms selector between
+  them. The voxels are sorted by their linearised key ``((b Z + z) Y + y) X + x`` (no sort when
+  they already are) and cut into runs of one row ``(b, z, y)``; an open-addressing table
+  (linear probing, Fibonacci hashing) maps row keys to runs, looked up 9 times per output row.
+  *Pass 1*, in parallel over chunks of 1024 outputs, merges each output row with its
+  neighbour rows along x and records every hit, each output's offsets as bits and the hits per
+  (chunk, offset). For SubM on sorted voxels it searches only the 13 offsets before the centre
+  (4 neighbour rows and the voxel before): offset ``26 - k`` is offset ``k`` reversed and its
+  pairs come in the same order, so the mirrors are counted, not searched. The counts are the
+  selector's features (:meth:`Hits.features`), so the configuration is chosen before any pair
+  is written. *Pass 2* (:meth:`Hits.plan`) writes every pair once, straight into the chosen
+  configuration's packed gms plan (:func:`fusekit.gms.problem.empty_plan`), with the CSRs by
+  output and input row; the :class:`KernelMap` is views of that plan. :func:`build` is pass 1
+  and pass 2 into plain arrays.
 * :func:`build_reference` (plain torch, any device, also the GPU path of :func:`build`): the
-  input keys sorted once, each probe found with ``torch.searchsorted``. There is no GPU hash
+  probes of every output and offset, found in the sorted input keys by
+  :func:`fusekit.gms.workloads.probe_pairs` (``torch.searchsorted``). There is no GPU hash
   table: the GPU path is this sort + binary search, run on the device.
 
-:func:`plan_kernel_map` turns a map into its :class:`fusekit.gms.GMSPlan` in O(E) numba passes:
-the pairs already come in plan order, and every (offset, input) and (offset, output) pair is
-distinct, so the sorts of :func:`fusekit.gms.plan` (its reference, compared in the tests) become
-counting passes.
+:func:`plan_kernel_map` plans a built map (another layer width on a shared map): without orders
+through :func:`fusekit.gms.problem.plan_sorted`, with them in O(E) numba passes (the pairs
+already come in plan order, and every (offset, input) and (offset, output) pair is distinct, so
+the sorts of :func:`fusekit.gms.plan`, its reference in the tests, become counting passes).
 """
 
 from __future__ import annotations
