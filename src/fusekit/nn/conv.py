@@ -14,8 +14,8 @@ spconv's ``[out, 3, 3, 3, in]`` layout, so an spconv layer's ``state_dict`` load
 Per kernel map, once: the map's first pass (numba on the CPU: every pair found and counted), its
 features from those counts, the gms selector's choice of strategy and configuration for the
 layer's widths and dtype, and the second pass writing the pairs straight into the plan with the
-choice's knobs (:mod:`fusekit.nn.kmap`). Layers that share an ``indice_key`` share the map (as in spconv), and repeated
-forwards on the same :class:`SparseTensor` do no planning.
+choice's knobs (:mod:`fusekit.nn.kmap`). Layers that share an ``indice_key`` share the map (as
+in spconv), and repeated forwards on the same :class:`SparseTensor` do no planning.
 
 When to prefer which: ``SubMConv3d`` keeps the active set (outputs = inputs); ``SparseConv3d``
 with stride 2 halves the resolution and creates outputs wherever a kernel window reaches one
