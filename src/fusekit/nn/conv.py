@@ -34,7 +34,7 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.nn import kmap as km
-from fusekit.nn.engine import strategy_for
+from fusekit.nn.engine import local_target, strategy_for
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan
@@ -103,10 +103,10 @@ def choose(features: Features, device: torch.device, strategy: str = "auto") -> 
     """
     from fusekit.gms.candidates import Order, Strategy
     from fusekit.gms.selector import select
-    from fusekit.hw import detect, load
+    from fusekit.hw import load
 
-    # no GPU detection in fusekit.hw yet: a CUDA device is described by the H100 preset
-    target: Any = load("h100") if device.type == "cuda" else detect()
+    # a CUDA device is described by the H100 preset; the CPU by its (once per process) detection
+    target: Any = load("h100") if device.type == "cuda" else local_target(device)
     cfg = select(features, target).config
     if strategy != "auto":
         cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))

@@ -108,7 +108,7 @@ def prepare(
     from fusekit.gms.selector import select
 
     # features from counts (equal to those of the default plan), then one plan with the knobs
-    choice = select(features_of_problem(problem, k, m, dtype, has_scale), _target(device))
+    choice = select(features_of_problem(problem, k, m, dtype, has_scale), local_target(device))
     cfg = choice.config
     chosen = plan(problem, tile_rows=cfg.tile_rows, blocks=cfg.blocks, schedule=cfg.schedule)
     log.info("nn: %s from %s for %d pairs", cfg.strategy.name, choice.source, problem.num_pairs)
@@ -118,7 +118,7 @@ def prepare(
 _TARGETS: dict[str, Any] = {}
 
 
-def _target(device: torch.device) -> Any:
+def local_target(device: torch.device) -> Any:
     """The measured local target of ``device`` (measured once per process and machine)."""
     key = f"{device.type}:{device.index or 0}"
     if key not in _TARGETS:

@@ -533,14 +533,46 @@ def _run_ptr(first_row, before, mask, offset_ptr):  # type: ignore[no-untyped-de
     return out
 
 
-def _runs(keys: np.ndarray, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted keys as runs of one row: row ids, run pointer, x."""
-    rows = keys // row_length
-    starts = np.flatnonzero(rows[1:] != rows[:-1]) + 1
-    ptr = np.concatenate([[0], starts, [len(keys)]]).astype(np.int64)
-    if len(keys) == 0:
-        ptr = ptr[:1]
-    return rows[ptr[:-1]], ptr, keys - rows * row_length
+@numba.njit(cache=True)
+def _key_runs(keys, row_length):  # type: ignore[no-untyped-def]
+    """Sorted keys as runs of one row: row ids, run pointer, x and each key's run.
+
+    Shapes ``[R]``, ``[R + 1]``, ``[N]``, ``[N]``; one pass counts the rows, one fills.
+    """
+    n = keys.shape[0]
+    rows = 0
+    for j in range(n):
+        if j == 0 or keys[j] // row_length != keys[j - 1] // row_length:
+            rows += 1
+    row_ids = np.empty(rows, np.int64)
+    ptr = np.empty(rows + 1, np.int64)
+    x = np.empty(n, np.int64)
+    run = np.empty(n, np.int64)
+    r = -1
+    for j in range(n):
+        row = keys[j] // row_length
+        if r < 0 or row != row_ids[r]:
+            r += 1
+            row_ids[r] = row
+            ptr[r] = j
+        x[j] = keys[j] - row * row_length
+        run[j] = r
+    ptr[rows] = n
+    return row_ids, ptr, x, run
+
+
+@numba.njit(cache=True)
+def _linear_keys(coords, z, y, x):  # type: ignore[no-untyped-def]
+    """``((b Z + z) Y + y) X + x`` per voxel, and whether they strictly ascend."""
+    n = coords.shape[0]
+    keys = np.empty(n, np.int64)
+    ascending = True
+    for i in range(n):
+        c = coords[i]
+        keys[i] = ((np.int64(c[0]) * z + c[1]) * y + c[2]) * x + c[3]
+        if i > 0 and keys[i] <= keys[i - 1]:
+            ascending = False
+    return keys, ascending
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -756,11 +788,6 @@ def _strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore
     return np.sort(found[:count])
 
 
-def _linear(coords: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
-    z, y, x = shape
-    return ((coords[:, 0] * z + coords[:, 1]) * y + coords[:, 2]) * x + coords[:, 3]
-
-
 def find_hits(
     indices: torch.Tensor,
     spatial_shape: tuple[int, int, int],
@@ -787,9 +814,8 @@ def find_hits(
     shape: tuple[int, int, int] = tuple(int(n) for n in spatial_shape)  # type: ignore[assignment]
     if subm:
         stride, padding = (1, 1, 1), (1, 1, 1)
-    coords = indices.numpy().astype(np.int64, copy=False)
-    keys = _linear(coords, shape)
-    ascending = bool(np.all(keys[1:] > keys[:-1]))
+    coords = indices.numpy()
+    keys, ascending = _linear_keys(coords, *shape)
     order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
     sorted_keys = keys if ascending else keys[order]
     if not ascending:
@@ -798,20 +824,23 @@ def find_hits(
             row = int(max(order[same[0]], order[same[0] + 1]))
             raise ValueError(_duplicate_message(coords, row))
     out_shape = shape if subm else output_shape(shape, stride, padding)
-    in_rows, in_ptr, in_x = _runs(sorted_keys, shape[2])
+    in_rows, in_ptr, in_x, in_run = _key_runs(sorted_keys, shape[2])
     if subm:
         out_coords: Any = indices
-        out_rows, out_ptr, out_order = in_rows, in_ptr, order
-        x_of = coords[:, 3]
+        out_rows, out_run, out_order = in_rows, in_run, order
+        x_of = coords[:, 3].astype(np.int64)
     else:
         sizes = (np.array(shape), np.array(out_shape), np.array(stride), np.array(padding))
-        out_keys = _strided_outputs(coords, *sizes)
+        out_keys = _strided_outputs(coords.astype(np.int64), *sizes)
         out_coords = _unlinear(out_keys, out_shape)
-        out_rows, out_ptr, x_of = _runs(out_keys, out_shape[2])
+        out_rows, _, x_of, out_run = _key_runs(out_keys, out_shape[2])
         out_order = np.arange(len(out_keys))
     n_out = len(x_of)
-    run_of = np.empty(n_out, np.int64)
-    run_of[out_order] = np.repeat(np.arange(len(out_rows)), np.diff(out_ptr))
+    if ascending or not subm:  # outputs in key order
+        run_of = out_run
+    else:
+        run_of = np.empty(n_out, np.int64)
+        run_of[out_order] = out_run
     bits = max(4, int(2 * max(len(in_rows), 1) - 1).bit_length())
     table = _row_table(in_rows, bits)
     sizes = tuple(np.array(v) for v in (shape, out_shape, stride, padding))
