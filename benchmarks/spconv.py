@@ -11,7 +11,9 @@ and the shipped real scan 251370668 (15,772 voxels, a sparse HDL-32E sweep); C_i
 * ``forward+backward, map reused``: spconv 2.3.8's CPU backward is not usable (it asks for a CUDA
   stream and raises on a CPU-only torch), so the peer is spconv's native algorithm in plain torch
   (``index_select`` -> ``mm`` -> ``index_add`` per offset, ``fusekit.nn.conv.conv_reference``);
-* ``phases``: fusekit's fresh-map forward split into map build, selection + plan, and the gms
+* ``phases``: fusekit's fresh-map forward split into the kernel map's pass 1 (``find_hits``:
+  every pair found and counted), selection + plan (features from the counts, the selector, and
+  pass 2 writing the pairs straight into the chosen configuration's packed plan), and the gms
   call, and ``floor: bare GEMMs``: the 27 per-offset GEMMs on rows gathered beforehand (no
   gather, no scatter), the roofline reference of every row.
 
@@ -130,14 +132,14 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
     # phases of fusekit's fresh-map forward
     built: dict[str, object] = {}
 
-    def phase_map() -> None:
-        built["map"] = km.build(coords, shape, 1)
+    def phase_map() -> None:  # pass 1: every pair found, counted per offset and row
+        built["hits"] = km.find_hits(coords, shape, 1)
 
-    def phase_plan() -> None:
+    def phase_plan() -> None:  # features, selector, pass 2 written into the packed plan
         from fusekit.nn.conv import ConvMap
 
-        built["entry"] = ConvMap(built["map"], coords)  # type: ignore[arg-type]
-        built["entry"].plan_for(c, c, torch.float32, x.device)  # type: ignore[attr-defined]
+        entry = ConvMap(coords, hits=built["hits"])  # type: ignore[arg-type]
+        entry.plan_for(c, c, torch.float32, x.device)
 
     w = peer.weight.detach().reshape(c, 27, c).permute(1, 2, 0).contiguous()
     pl, _ = ours_tensor.maps["subm"].plan_for(c, c, torch.float32, x.device)

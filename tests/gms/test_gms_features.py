@@ -1,8 +1,16 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusekit.gms import GMSProblem, plan
-from fusekit.gms.features import VECTOR_NAMES, features, signature
+from fusekit.gms.features import (
+    VECTOR_NAMES,
+    features,
+    features_of_counts,
+    features_of_problem,
+    signature,
+)
 
 
 def _problem(reduce="sum"):
@@ -52,3 +60,51 @@ def test_signature_is_stable_and_tells_problems_apart():
     assert key != signature(p, 8, 16, torch.float32, False)
     assert key != signature(p, 8, 8, torch.float32, True)
     assert key != signature(_problem("mean"), 8, 8, torch.float32, False)
+
+
+def test_features_of_counts_equal_planned_features():
+    pl = plan(_problem())
+    got = features_of_counts(
+        segment_pairs=(2, 2, 0, 1),
+        degree=pl.dst_ptr.diff(),
+        sources=pl.src_ptr.diff(),
+        n_in=4,
+        k=8,
+        m=16,
+        dtype=torch.float32,
+        has_scale=True,
+        transform_segment_rows=(1, 2, 0, 1),
+        aggregate_segment_rows=(1, 2, 0, 1),
+    )
+    assert got == features(pl, 8, 16, torch.float32, has_scale=True)
+    # left out: every (s, g) and (s, d) one pair, sources = degree (a submanifold kernel map)
+    g = torch.tensor([0, 1, 1, 0])
+    s = torch.tensor([0, 0, 1, 1])
+    distinct = plan(GMSProblem.create(g, s, g.flip(0), 2, n_in=2))
+    got = features_of_counts(
+        segment_pairs=(2, 2), degree=distinct.dst_ptr.diff(), sources=None, n_in=2, k=4, m=4,
+        dtype=torch.float64,
+    )  # fmt: skip
+    assert got == features(distinct, 4, 4, torch.float64, has_scale=False)
+    with pytest.raises(ValueError, match="'m'"):
+        features_of_counts(
+            segment_pairs=(1,), degree=torch.ones(1), sources=None, n_in=1, k=1, m=0,
+            dtype=torch.float32,
+        )  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_features_of_problem_equal_planned_features(data, draw_case):
+    case = draw_case(data)
+    problem = GMSProblem.create(
+        case.gather,
+        case.segment,
+        case.scatter,
+        case.n_out,
+        n_in=case.plan.n_in,
+        num_segments=case.plan.num_segments,
+        reduce=case.reduce,
+    )
+    want = features(case.plan, 8, 4, torch.float32, has_scale=case.scale is not None)
+    assert features_of_problem(problem, 8, 4, torch.float32, case.scale is not None) == want

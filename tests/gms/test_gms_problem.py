@@ -6,7 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusekit.gms import GMSPlan, GMSProblem, plan
-from fusekit.gms.problem import check_operands
+from fusekit.gms.problem import (
+    block_rows,
+    check_operands,
+    empty_plan,
+    pack,
+    plan_sorted,
+    tiles_of_runs,
+)
 
 
 def small_problem(reduce="sum", e=12):
@@ -296,3 +303,101 @@ def test_check_operands(change, error, match):
 def test_check_operands_accepts_extra_rows_and_segments():
     pl = plan(small_problem())
     check_operands(torch.zeros(9, 3), torch.zeros(6, 3, 2), torch.ones(12), pl)
+
+
+# ---- plans of pairs already in plan order, and packing by hand ----
+
+
+def _sorted_problem(seed: int, e: int = 300, n: int = 40, segments: int = 6) -> GMSProblem:
+    """Random pairs sorted by (segment, scatter row); one segment left empty."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randint(0, segments, (e,), generator=gen)
+    s[s == 2] = 3
+    d = torch.randint(0, n, (e,), generator=gen)
+    by = torch.argsort(s * n + d, stable=True)
+    g = torch.randint(0, n + 5, (e,), generator=gen)
+    return GMSProblem.create(g, s[by], d[by], n, n_in=n + 5, num_segments=segments)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(("tile_rows", "blocks", "schedule"), [(64, 4, "pad"), (5, 3, "pack")])
+def test_plan_sorted_equals_plan(seed, tile_rows, blocks, schedule):
+    p = _sorted_problem(seed)
+    knobs = {"tile_rows": tile_rows, "blocks": blocks, "schedule": schedule}
+    ref = plan(p, orders=False, **knobs)
+    n = {"n_in": p.n_in, "n_out": p.n_out, "num_segments": p.num_segments}
+    got = plan_sorted(p.gather, p.segment, p.scatter, **n, **knobs)
+    assert torch.equal(got.packed, ref.packed)
+    csr = (ref.dst_ptr, ref.dst_pos, ref.src_ptr, ref.src_pos)
+    given = plan_sorted(p.gather, p.segment, p.scatter, **n, **knobs, csr=csr)
+    assert torch.equal(given.packed, ref.packed)
+
+
+def test_plan_sorted_rejects_unsorted_pairs_and_handles_none():
+    p = _sorted_problem(0)
+    with pytest.raises(ValueError, match="sorted by"):
+        plan_sorted(p.gather, p.segment.flip(0), p.scatter, n_in=45, n_out=40, num_segments=6)
+    empty = torch.zeros(0, dtype=torch.long)
+    got = plan_sorted(empty, empty, empty, n_in=2, n_out=3, num_segments=2)
+    ref = plan(GMSProblem.create(empty, empty, empty, 3, n_in=2, num_segments=2), orders=False)
+    assert torch.equal(got.packed, ref.packed)
+
+
+def test_pack_round_trips():
+    p = _sorted_problem(3)
+    for orders in (False, True):
+        pl = plan(p, tile_rows=8, blocks=2, orders=orders)
+        again = pack(pl)
+        assert torch.equal(again.packed, pl.packed)
+        assert again.packed is not pl.packed
+        parsed = GMSPlan.from_packed(again.packed.clone())
+        assert torch.equal(parsed.packed, pl.packed)
+        assert (parsed.transform is None) == (not orders)
+    # a plan whose tensors are not views of one buffer (a sub-plan) packs into one
+    sub = plan(p).transform.plan
+    assert sub.buffer is None and pack(sub).buffer is not None
+    assert torch.equal(pack(sub).gather, sub.gather)
+
+
+def test_empty_plan_views_fill_into_a_plan():
+    p = _sorted_problem(4)
+    ref = plan(p, tile_rows=16, blocks=3, orders=False)
+    out = empty_plan(
+        num_pairs=p.num_pairs,
+        n_in=p.n_in,
+        n_out=p.n_out,
+        num_segments=p.num_segments,
+        num_tiles=ref.num_tiles,
+        num_blocks=ref.num_blocks,
+        num_items=len(ref.item_ptr) - 1,
+        tile_rows=16,
+        schedule="pad",
+    )
+    for name, view in out.views.items():
+        view.copy_(getattr(ref, name).view(torch.int64))
+    assert torch.equal(out.plan().packed, ref.packed)
+    with pytest.raises(ValueError, match="'num_blocks' to be > 0"):
+        empty_plan(
+            num_pairs=0, n_in=0, n_out=0, num_segments=1, num_tiles=0, num_blocks=0,
+            num_items=0, tile_rows=4, schedule="pad",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="schedule"):
+        empty_plan(
+            num_pairs=0, n_in=0, n_out=0, num_segments=1, num_tiles=0, num_blocks=1,
+            num_items=0, tile_rows=4, schedule="greedy",
+        )  # fmt: skip
+
+
+def test_block_rows_and_tiles_of_runs_by_hand():
+    # rows with 3, 0, 1, 4 pairs (E = 8), 2 blocks: pairs before each row 0, 3, 3, 4
+    # -> blocks floor(before * 2 / 8) = 0, 0, 0, 1: block 1 starts at row 3
+    dst_ptr = torch.tensor([0, 3, 3, 4, 8])
+    assert block_rows(dst_ptr, 2).tolist() == [0, 3, 4]
+    # segment 0 has positions [0, 5) in block 0 and [5, 6) in block 1; segment 1 [6, 8) in 1
+    run_ptr = torch.tensor([[0, 5, 6], [6, 6, 8]])
+    tiles = tiles_of_runs(run_ptr, 2, "pad")
+    assert tiles["tile_start"].tolist() == [0, 2, 4, 5, 6]
+    assert tiles["tile_end"].tolist() == [2, 4, 5, 6, 8]
+    assert tiles["tile_segment"].tolist() == [0, 0, 0, 0, 1]
+    assert tiles["block_ptr"].tolist() == [0, 3, 5]
+    assert tiles["item_ptr"].tolist() == [0, 1, 2, 3, 4, 5]

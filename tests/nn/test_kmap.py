@@ -124,5 +124,110 @@ def test_plan_of_map_rejects_unsorted_pairs():
         m.out_coords,
         m.out_shape,
     )
-    with pytest.raises(ValueError, match="kmap"):
+    with pytest.raises(ValueError, match="sorted"):
         km.plan_kernel_map(flipped)
+    with pytest.raises(ValueError, match="kmap"):
+        km.plan_kernel_map(flipped, orders=True)
+
+
+# ---- pass 1 then pass 2 straight into the packed plan (the layers' path) ----
+
+
+def sorted_voxels(idx: torch.Tensor, shape=SHAPE) -> torch.Tensor:
+    """``idx`` sorted by linear key: SubM maps then search 13 offsets and mirror the rest."""
+    z, y, x = shape
+    key = ((idx[:, 0].long() * z + idx[:, 1]) * y + idx[:, 2]) * x + idx[:, 3]
+    return idx[torch.argsort(key)]
+
+
+@pytest.mark.parametrize(
+    ("order", "subm", "stride"),
+    [("sorted", True, 1), ("random", True, 1), ("random", False, 2), ("sorted", False, 1)],
+)
+@pytest.mark.parametrize(("tile_rows", "blocks", "schedule"), [(16, 8, "pad"), (5, 3, "pack")])
+def test_fused_plan_equals_gms_plan_of_the_same_pairs(
+    order, subm, stride, tile_rows, blocks, schedule
+):
+    idx = voxels() if order == "random" else sorted_voxels(voxels())
+    s3, p3 = (stride,) * 3, (1, 1, 1)
+    hits = km.find_hits(idx, SHAPE, 2, s3, p3, subm)
+    assert hits.symmetric == (subm and order == "sorted")
+    ref = km.build_reference(idx, SHAPE, 2, s3, p3, subm)
+    features_before = hits.features(8, 16, torch.float32)
+    m, fused = hits.plan(tile_rows, blocks, schedule)
+    expected = plan(
+        ref.problem(), tile_rows=tile_rows, blocks=blocks, schedule=schedule, orders=False
+    )
+    assert torch.equal(fused.packed, expected.packed)
+    for name in ("gather", "segment", "scatter", "offset_ptr", "out_coords"):
+        assert torch.equal(getattr(m, name), getattr(ref, name)), name
+    assert features_before == features(plan(ref.problem()), 8, 16, torch.float32, False)
+    # pass 2 into plain arrays gives the same map, and its own plan the same plan
+    again = km.find_hits(idx, SHAPE, 2, s3, p3, subm).kernel_map()
+    assert torch.equal(again.gather, ref.gather) and torch.equal(again.scatter, ref.scatter)
+    bare = km.plan_kernel_map(again, tile_rows, blocks, schedule)
+    assert torch.equal(bare.packed, expected.packed)
+
+
+def _pairs(idx: torch.Tensor, shape, batches: int = 1) -> set[tuple[int, int, int]]:
+    m = km.build(idx, shape, batches)
+    ref = km.build_reference(idx, shape, batches)
+    assert torch.equal(m.gather, ref.gather) and torch.equal(m.scatter, ref.scatter)
+    assert torch.equal(m.segment, ref.segment)
+    return set(zip(m.segment.tolist(), m.gather.tolist(), m.scatter.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_voxels_at_the_bounds_pair_only_inside(order):
+    # the 8 corners of a 2x2x2 shape: every pair of them is a neighbour
+    corners = torch.tensor([[0, z, y, x] for z in (0, 1) for y in (0, 1) for x in (0, 1)])
+    idx = corners if order == "sorted" else corners.flip(0)
+    pairs = _pairs(idx.int(), (2, 2, 2))
+    assert len(pairs) == 64
+    # a line along x at the far edge of a wide shape, and its neighbours across the border
+    line = torch.tensor([[0, 4, 7, x] for x in (0, 1, 8, 9)] + [[0, 5, 0, 0]])
+    pairs = _pairs(line.int(), (6, 8, 10))
+    # x = 0 has no x - 1 and x = 9 no x + 1: 0-1 and 8-9 pair twice, plus five centres
+    assert len(pairs) == 5 + 4
+    # (4, 7, 9) and (5, 0, 0) are adjacent keys but not neighbours
+    assert all(k == 13 or {i, o} != {3, 4} for k, i, o in pairs)
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_batches_never_pair(order):
+    # the same voxel in batches 0 and 2, and its x-neighbour in batch 1
+    idx = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 2], [2, 1, 1, 1], [2, 1, 1, 2]], dtype=torch.int32)
+    idx = idx if order == "sorted" else idx.flip(0)
+    pairs = _pairs(idx, (3, 3, 3), batches=3)
+    assert len(pairs) == 4 + 2  # four centres, the two batch-2 voxels both ways
+
+
+def test_duplicates_raise_on_sorted_and_unsorted_input():
+    dup = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 2], [0, 1, 1, 2]], dtype=torch.int32)
+    for idx in (dup, dup.flip(0)):
+        with pytest.raises(ValueError, match="repeated"):
+            km.find_hits(idx, SHAPE, 1)
+
+
+def test_empty_input_plans():
+    none = torch.zeros(0, 4, dtype=torch.int32)
+    for subm in (True, False):
+        hits = km.find_hits(none, SHAPE, 1, (2, 2, 2), (1, 1, 1), subm)
+        m, pl = hits.plan(16, 4, "pad")
+        assert m.num_pairs == 0 and m.n_out == 0 and pl.num_tiles == 0
+        assert hits.features(4, 4, torch.float32).pairs == 0
+
+
+def test_many_chunks_of_a_sorted_scan():
+    # 20k voxels: 20 chunks of 1024 outputs in 8 parts, mirrors reaching back across parts
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    hits = km.find_hits(scan.coords, scan.spatial_shape, 1)
+    assert hits.symmetric and len(hits.hit_ptr) > 9
+    m, fused = hits.plan(16, 3, "pad")
+    ref = km.build_reference(scan.coords, scan.spatial_shape, 1)
+    for name in ("gather", "segment", "scatter", "offset_ptr"):
+        assert torch.equal(getattr(m, name), getattr(ref, name)), name
+    expected = plan(ref.problem(), tile_rows=16, blocks=3, orders=False)
+    assert torch.equal(fused.packed, expected.packed)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from fusekit.errors import expected
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from fusekit.gms.problem import GMSPlan, GMSProblem
@@ -153,32 +154,131 @@ def features(plan: GMSPlan, k: int, m: int, dtype: torch.dtype, has_scale: bool)
     """
     if plan.transform is None:
         raise ValueError(expected("gms", "plan", "a plan with its orders", "orders=False"))
+    agg = plan.aggregate.plan if plan.aggregate is not None else None
+    return features_of_counts(
+        segment_pairs=_segment_rows(plan),
+        degree=plan.dst_ptr[1:] - plan.dst_ptr[:-1],
+        sources=plan.src_ptr[1:] - plan.src_ptr[:-1],
+        n_in=plan.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+        reduce=plan.reduce,
+        has_scale=has_scale,
+        transform_segment_rows=_segment_rows(plan.transform.plan),
+        aggregate_segment_rows=_segment_rows(agg) if agg is not None else None,
+    )
+
+
+def features_of_problem(
+    problem: GMSProblem, k: int, m: int, dtype: torch.dtype, has_scale: bool
+) -> Features:
+    """:func:`features` of ``plan(problem)`` without planning: counts and two distinct-key sorts.
+
+    ``V`` and ``U`` per segment are the distinct ``s N_in + g`` and ``s N_out + d`` keys counted
+    by segment; the rest are bincounts. A caller that plans only once the selector has chosen
+    the plan's knobs (``nn.engine.prepare``) plans once instead of twice.
+
+    Raises:
+        ValueError, TypeError: as :func:`features_of_counts`.
+    """
+    import torch
+
+    g, s, d = problem.gather, problem.segment, problem.scatter
+    segments = problem.num_segments
+
+    def per_segment(rows: int, index: torch.Tensor) -> tuple[int, ...]:
+        keys = torch.unique(s * max(rows, 1) + index)
+        segment_of = torch.div(keys, max(rows, 1), rounding_mode="floor")
+        return tuple(torch.bincount(segment_of, minlength=segments).tolist())
+
+    return features_of_counts(
+        segment_pairs=tuple(torch.bincount(s, minlength=segments).tolist()),
+        degree=torch.bincount(d, minlength=problem.n_out),
+        sources=torch.bincount(g, minlength=problem.n_in),
+        n_in=problem.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+        reduce=problem.reduce,
+        has_scale=has_scale,
+        transform_segment_rows=per_segment(problem.n_in, g),
+        aggregate_segment_rows=per_segment(problem.n_out, d) if problem.reduce != "max" else (),
+    )
+
+
+def features_of_counts(
+    *,
+    segment_pairs: tuple[int, ...],
+    degree: torch.Tensor | np.ndarray,
+    sources: torch.Tensor | np.ndarray | None,
+    n_in: int,
+    k: int,
+    m: int,
+    dtype: torch.dtype,
+    reduce: str = "sum",
+    has_scale: bool = False,
+    transform_segment_rows: tuple[int, ...] | None = None,
+    aggregate_segment_rows: tuple[int, ...] | None = None,
+) -> Features:
+    """The features from counts alone, for a builder that has them before any plan exists.
+
+    ``E = sum(segment_pairs)``, ``N_out = len(degree)``; ``V`` and ``U`` are the sums of the
+    per-segment rows of the transform-first and aggregate-first orders. Left out
+    (``None``), every ``(s, g)`` and every ``(s, d)`` is taken to be one pair (a kernel map's
+    case: ``V = U = E``, per segment equal to ``segment_pairs``); ``sources`` left out means
+    it equals ``degree`` (outputs on the inputs: a submanifold map). Equal to
+    :func:`features` of the plan of the same pairs.
+
+    Args:
+        segment_pairs: pairs of each segment.
+        degree: ``[N_out]`` pairs of each output row (a tensor, or a numpy array: host
+            counts stay off torch's thread pool).
+        sources: ``[N_in]`` pairs of each input row (likewise), or ``None`` (same as
+            ``degree``).
+        n_in: rows of ``x``.
+        k: columns of ``x``.
+        m: columns of ``y``.
+        dtype: the operands' dtype.
+        reduce: the problem's reduce.
+        has_scale: whether the calls pass a per-pair scale.
+        transform_segment_rows: distinct ``(s, g)`` per segment, or ``None`` (pairs).
+        aggregate_segment_rows: distinct ``(s, d)`` per segment, or ``None`` (pairs; for max,
+            pass ``()``).
+
+    Returns:
+        The :class:`Features`.
+
+    Raises:
+        ValueError: a width is not positive.
+        TypeError: the dtype is not a floating dtype gms runs.
+    """
     for name, value in (("k", k), ("m", m)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(expected("gms", name, "a positive int", value))
     if str(dtype) not in DTYPE_NAMES:
         raise TypeError(expected("gms", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
-    degree = plan.dst_ptr[1:] - plan.dst_ptr[:-1]
-    sources = plan.src_ptr[1:] - plan.src_ptr[:-1]
-    agg = plan.aggregate.plan if plan.aggregate is not None else None
+    transform = segment_pairs if transform_segment_rows is None else transform_segment_rows
+    aggregate = segment_pairs if aggregate_segment_rows is None else aggregate_segment_rows
+    sources = degree if sources is None else sources
     return Features(
-        pairs=plan.num_pairs,
-        segments=plan.num_segments,
-        n_in=plan.n_in,
-        n_out=plan.n_out,
+        pairs=sum(segment_pairs),
+        segments=len(segment_pairs),
+        n_in=n_in,
+        n_out=len(degree),
         k=k,
         m=m,
         dtype=DTYPE_NAMES[str(dtype)],
-        reduce=plan.reduce,
+        reduce=reduce,
         has_scale=bool(has_scale),
-        transform_rows=plan.transform.plan.num_pairs,
-        aggregate_rows=agg.num_pairs if agg is not None else None,
+        transform_rows=sum(transform),
+        aggregate_rows=sum(aggregate) if reduce != "max" else None,
         gather_rows=int((sources > 0).sum()),
         scatter_rows=int((degree > 0).sum()),
-        max_row_pairs=int(degree.max()) if degree.numel() else 0,
-        segment_pairs=_segment_rows(plan),
-        transform_segment_rows=_segment_rows(plan.transform.plan),
-        aggregate_segment_rows=_segment_rows(agg) if agg is not None else (),
+        max_row_pairs=int(degree.max()) if len(degree) else 0,
+        segment_pairs=tuple(segment_pairs),
+        transform_segment_rows=tuple(transform),
+        aggregate_segment_rows=tuple(aggregate) if reduce != "max" else (),
     )
 
 

@@ -387,8 +387,20 @@ def _flatten(plan: GMSPlan) -> list[torch.Tensor]:
     ]
 
 
-def _pack(plan: GMSPlan) -> GMSPlan:
-    """The plan rebuilt as views into one int64 buffer (header: magic, count, lengths)."""
+def pack(plan: GMSPlan) -> GMSPlan:
+    """The plan rebuilt as views into one int64 buffer (header: magic, count, lengths).
+
+    The buffer is ``[MAGIC, count, len_0, ..., len_{count-1}, part_0, ..., part_{count-1}]``
+    with the parts ``meta, order, gather, ...`` (:attr:`GMSPlan.packed`); packing a packed plan
+    gives an equal one (``pack(p).packed`` equals ``p.packed``).
+
+    Args:
+        plan: a plan whose tensors may live anywhere (e.g. assembled by hand, or sub-plans
+            built separately).
+
+    Returns:
+        The packed plan (:attr:`GMSPlan.buffer` set).
+    """
     import torch
 
     parts = _flatten(plan)
@@ -473,6 +485,263 @@ def _check_layout(plan: GMSPlan, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# packing plans written elsewhere: pairs already in plan order
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlanBuffer:
+    """An allocated packed plan, its header and meta written, its tensors to be filled in place.
+
+    Attributes:
+        buffer: the int64 buffer :attr:`GMSPlan.packed` will be.
+        views: every tensor field of :class:`GMSPlan` (``"order"``, ``"gather"``, ...,
+            ``"src_pos"``) as a view into ``buffer``, uninitialised (``norm`` as int64 bits).
+    """
+
+    buffer: torch.Tensor
+    views: dict[str, torch.Tensor]
+
+    def plan(self) -> GMSPlan:
+        """The plan, once every view is filled (O(1) checks, as :meth:`GMSPlan.from_packed`)."""
+        return GMSPlan.from_packed(self.buffer)
+
+
+def empty_plan(
+    *,
+    num_pairs: int,
+    n_in: int,
+    n_out: int,
+    num_segments: int,
+    num_tiles: int,
+    num_blocks: int,
+    num_items: int,
+    tile_rows: int,
+    schedule: str,
+    reduce: str = "sum",
+    device: torch.device | str = "cpu",
+) -> PlanBuffer:
+    """Allocate a packed plan without orders for a builder that writes its tensors in place.
+
+    A builder that already has its pairs in plan order (a kernel map, written offset by offset)
+    fills :attr:`PlanBuffer.views` directly and skips :func:`plan`'s sorts and :func:`pack`'s
+    copy. Lengths: ``E`` for ``order, gather, segment, scatter, dst_pos, src_pos`` (and
+    ``norm`` for mean), ``S + 1`` for ``segment_ptr``, ``T`` for the tiles, ``B + 1``, ``I + 1``,
+    ``N_out + 1`` and ``N_in + 1`` for the pointers.
+
+    Raises:
+        TypeError, ValueError: a size is not a non-negative int; ``reduce`` or ``schedule``
+            unknown; ``tile_rows`` or ``num_blocks`` not positive.
+    """
+    import torch
+
+    sizes = {
+        "num_pairs": num_pairs,
+        "n_in": n_in,
+        "n_out": n_out,
+        "num_segments": num_segments,
+        "num_tiles": num_tiles,
+        "num_items": num_items,
+    }
+    e, n_in, n_out, s, t, items = (_check_size(k, v) for k, v in sizes.items())
+    for name, value in (("tile_rows", tile_rows), ("num_blocks", num_blocks)):
+        if _check_size(name, value) == 0:
+            raise ValueError(expected("gms", name, "> 0", value))
+    if reduce not in REDUCES:
+        raise ValueError(expected("gms", "reduce", " or ".join(REDUCES), repr(reduce)))
+    if schedule not in SCHEDULES:
+        raise ValueError(expected("gms", "schedule", " or ".join(SCHEDULES), repr(schedule)))
+    lengths = {
+        "order": e,
+        "gather": e,
+        "segment": e,
+        "scatter": e,
+        "norm": e if reduce == "mean" else 0,
+        "segment_ptr": s + 1,
+        "tile_segment": t,
+        "tile_start": t,
+        "tile_end": t,
+        "block_ptr": num_blocks + 1,
+        "item_ptr": items + 1,
+        "dst_ptr": n_out + 1,
+        "dst_pos": e,
+        "src_ptr": n_in + 1,
+        "src_pos": e,
+    }
+    if tuple(lengths) != _TENSOR_FIELDS:
+        raise RuntimeError(f"gms: GMSPlan fields changed: {_TENSOR_FIELDS}")
+    parts = [8, *lengths.values()] + [0] * (2 * (2 + len(_TENSOR_FIELDS)))
+    head = [_MAGIC, len(parts), *parts]
+    buffer = torch.empty(len(head) + sum(parts), dtype=torch.int64, device=device)
+    meta = [_MAGIC, e, n_in, n_out, s, REDUCES.index(reduce), tile_rows]
+    buffer[: len(head) + 8] = torch.tensor([*head, *meta, SCHEDULES.index(schedule)])
+    views = dict(
+        zip(_TENSOR_FIELDS, torch.split(buffer[len(head) + 8 :], parts[1:16]), strict=False)
+    )
+    return PlanBuffer(buffer, views)
+
+
+def block_rows(dst_ptr: torch.Tensor, blocks: int) -> torch.Tensor:
+    r"""The first output row of each destination block, ``[B + 1]`` (the last is ``N_out``).
+
+    Row ``r`` belongs to block :math:`\min(\lfloor \text{dst\_ptr}[r] \, B / E \rfloor, B - 1)`
+    (:func:`plan`'s step 1), a non-decreasing function of ``r``, so block ``b`` starts at the
+    first row whose block is ``b``. Computed on the host (numpy: no thread-pool wake-ups for
+    an O(N) pass), returned on ``dst_ptr``'s device.
+    """
+    import numpy as np
+    import torch
+
+    ptr = dst_ptr.cpu().numpy()
+    e = int(ptr[-1]) if len(ptr) else 0
+    row_block = np.minimum(ptr[:-1] * blocks // max(e, 1), blocks - 1)
+    first = np.searchsorted(row_block, np.arange(blocks + 1))
+    return torch.from_numpy(first.astype(np.int64)).to(dst_ptr.device)
+
+
+def tiles_of_runs(run_ptr: torch.Tensor, tile_rows: int, schedule: str) -> dict[str, torch.Tensor]:
+    """Tiles and work items (:func:`plan`'s steps 3 and 4) of pairs in plan order.
+
+    Computed on the host (numpy; ``T`` is about ``E / tile_rows``), returned on ``run_ptr``'s
+    device.
+
+    Args:
+        run_ptr: ``[S, B + 1]`` int64, positions ``[run_ptr[s, b], run_ptr[s, b + 1])`` are the
+            pairs of segment ``s`` in destination block ``b`` (``run_ptr[s, B]`` = the
+            segment's end).
+        tile_rows: most pairs per tile.
+        schedule: ``"pad"`` (an item per tile) or ``"pack"`` (a block's tiles in windows of
+            ``tile_rows`` pairs).
+
+    Returns:
+        ``tile_segment``, ``tile_start``, ``tile_end`` (tiles listed by (block, segment)),
+        ``block_ptr`` and ``item_ptr``.
+    """
+    import numpy as np
+    import torch
+
+    runs = run_ptr.cpu().numpy()
+    s, b1 = runs.shape
+    start = runs[:, :-1].T.reshape(-1)  # runs listed by (block, segment)
+    end = runs[:, 1:].T.reshape(-1)
+    per_run = (end - start + tile_rows - 1) // tile_rows
+    run_of_tile = np.repeat(np.arange(len(start)), per_run)
+    first = np.cumsum(per_run) - per_run
+    tile_start = start[run_of_tile] + (np.arange(len(run_of_tile)) - first[run_of_tile]) * tile_rows
+    tile_end = np.minimum(tile_start + tile_rows, end[run_of_tile])
+    tile_block = run_of_tile // s
+    block_ptr = np.zeros(b1, np.int64)
+    np.cumsum(np.bincount(tile_block, minlength=b1 - 1), out=block_ptr[1:])
+    n_tiles = len(tile_start)
+    if schedule == "pad":
+        item_ptr = np.arange(n_tiles + 1)
+    else:  # windows of tile_rows pairs within a block
+        rows = tile_end - tile_start
+        before = np.cumsum(rows) - rows  # pairs in the tiles before each tile
+        window = (before - before[block_ptr[:-1]][tile_block]) // tile_rows if n_tiles else rows
+        change = np.ones(n_tiles, bool)
+        change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
+        item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
+    out = {
+        "tile_segment": run_of_tile % s,
+        "tile_start": tile_start,
+        "tile_end": tile_end,
+        "block_ptr": block_ptr,
+        "item_ptr": item_ptr,
+    }
+    return {k: torch.from_numpy(v.astype(np.int64)).to(run_ptr.device) for k, v in out.items()}
+
+
+def plan_sorted(
+    gather: torch.Tensor,
+    segment: torch.Tensor,
+    scatter: torch.Tensor,
+    *,
+    n_in: int,
+    n_out: int,
+    num_segments: int,
+    tile_rows: int = TILE_ROWS,
+    blocks: int | None = None,
+    schedule: str = "pad",
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> GMSPlan:
+    """:func:`plan` without orders of pairs already in plan order, without sorting them.
+
+    Pairs sorted by (segment, scatter row) are in :func:`plan`'s (segment, block, scatter row)
+    order for every ``blocks`` (a block is a range of rows), so the plan is the pairs as they
+    are, ``segment_ptr`` and the runs of each (segment, block) found by binary search, the
+    tiles of :func:`tiles_of_runs`, and the CSRs (given, or stable sorts). Equal, field by
+    field, to ``plan(GMSProblem.create(...), orders=False)`` (sum reduce).
+
+    Args:
+        gather: ``[E]`` int64 input rows, in plan order.
+        segment: ``[E]`` int64 segments, non-decreasing.
+        scatter: ``[E]`` int64 output rows, non-decreasing within a segment.
+        n_in: input rows (gather indices lie below).
+        n_out: output rows.
+        num_segments: ``S``.
+        tile_rows: as :func:`plan`.
+        blocks: as :func:`plan`.
+        schedule: as :func:`plan`.
+        csr: ``(dst_ptr, dst_pos, src_ptr, src_pos)`` if the caller has them.
+
+    Returns:
+        The packed plan.
+
+    Raises:
+        ValueError: the pairs are not sorted by (segment, scatter row), an index is out of
+            range, or a knob is invalid.
+    """
+    import torch
+
+    problem = GMSProblem.create(
+        gather, segment, scatter, n_out, n_in=n_in, num_segments=num_segments
+    )
+    g, s, d = problem.gather, problem.segment, problem.scatter
+    e = problem.num_pairs
+    blocks = default_blocks(g.device) if blocks is None else blocks
+    key = s * (n_out + 1) + d
+    if e > 1 and bool((key[1:] < key[:-1]).any()):
+        raise ValueError(expected("gms", "pairs", "sorted by (segment, scatter row)", "unsorted"))
+    if csr is None:
+        dst_ptr = _ptr(torch.bincount(d, minlength=n_out))
+        src_ptr = _ptr(torch.bincount(g, minlength=n_in))
+        csr = (
+            dst_ptr,
+            torch.sort(d, stable=True).indices,
+            src_ptr,
+            torch.sort(g, stable=True).indices,
+        )
+    dst_ptr, dst_pos, src_ptr, src_pos = (torch.as_tensor(t, device=g.device) for t in csr)
+    segment_ptr = torch.searchsorted(s, torch.arange(num_segments + 1, device=g.device))
+    first_row = block_rows(dst_ptr, blocks)
+    # run (s, b): the pairs of segment s with scatter row in [first_row[b], first_row[b + 1])
+    run_ptr = torch.empty(num_segments, blocks + 1, dtype=torch.int64, device=g.device)
+    for seg in range(num_segments):
+        lo, hi = int(segment_ptr[seg]), int(segment_ptr[seg + 1])
+        run_ptr[seg] = lo + torch.searchsorted(d[lo:hi], first_row)
+    tiles = tiles_of_runs(run_ptr, tile_rows, schedule)
+    out = empty_plan(
+        num_pairs=e,
+        n_in=n_in,
+        n_out=n_out,
+        num_segments=num_segments,
+        num_tiles=len(tiles["tile_start"]),
+        num_blocks=blocks,
+        num_items=len(tiles["item_ptr"]) - 1,
+        tile_rows=tile_rows,
+        schedule=schedule,
+        device=g.device,
+    )
+    torch.arange(e, out=out.views["order"])
+    values = {"gather": g, "segment": s, "scatter": d, "segment_ptr": segment_ptr, **tiles}
+    values |= {"dst_ptr": dst_ptr, "dst_pos": dst_pos, "src_ptr": src_ptr, "src_pos": src_pos}
+    for name, value in values.items():
+        out.views[name].copy_(value)
+    return out.plan()
+
+
+# ---------------------------------------------------------------------------------------------
 # planning
 # ---------------------------------------------------------------------------------------------
 
@@ -541,7 +810,7 @@ def plan(
     base = _plan(problem, tile_rows, blocks, schedule)
     if orders:
         base = _with_orders(base, problem, tile_rows, blocks, schedule)
-    return _pack(base)
+    return pack(base)
 
 
 def _plan(p: GMSProblem, tile_rows: int, blocks: int, schedule: str) -> GMSPlan:

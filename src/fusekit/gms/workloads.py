@@ -114,6 +114,42 @@ def rgcn_shaped(
     return rgcn_from_triples("rgcn-synthetic", perm[head], relation, perm[tail], nodes)
 
 
+def probe_pairs(
+    keys: torch.Tensor, probes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs ``(i, s, o)`` of a kernel map with ``keys[i] == probes[o, s]``.
+
+    Input ``i`` feeds output ``o`` through offset ``s`` when its key is the one ``o`` probes
+    there. One sort of the keys and a binary search per probe (any device; the plain-torch
+    kernel map that :func:`kernel_map` and ``fusekit.nn.kmap.build_reference`` share).
+
+    Args:
+        keys: ``[N_in]`` int64 distinct keys of the inputs.
+        probes: ``[N_out, S]`` int64 key each output reads through each offset; negative where
+            the offset leaves the grid.
+
+    Returns:
+        ``(gather, segment, scatter)``, int64, sorted by (segment, scatter).
+    """
+    import torch
+
+    sorted_keys, order = torch.sort(keys)
+    gathers, segments, scatters = [], [], []
+    by_offset = probes.T.contiguous()
+    for s in range(probes.shape[1]):
+        probe = by_offset[s]
+        at = torch.searchsorted(sorted_keys, probe).clamp(max=max(len(keys) - 1, 0))
+        if len(keys):
+            hit = (probe >= 0) & (sorted_keys[at] == probe)
+        else:
+            hit = torch.zeros_like(probe, dtype=torch.bool)
+        gathers.append(order[at[hit]])
+        scatters.append(torch.nonzero(hit).flatten())
+        segments.append(torch.full((len(scatters[-1]),), s, device=keys.device))
+    cat = (torch.cat(gathers), torch.cat(segments), torch.cat(scatters))
+    return cat[0].long(), cat[1].long(), cat[2].long()
+
+
 def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
     """Submanifold sparse-convolution pairs (outputs on the input voxels).
 
@@ -137,23 +173,14 @@ def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
         )
     low = coords.min(0).values - kernel
     span = int((coords.max(0).values - low).max()) + 2 * kernel
-    key = _linear(coords - low, span)
-    sorted_keys, order = torch.sort(key)
-    half = kernel // 2
-    gathers, segments, scatters = [], [], []
-    for o, offset in enumerate(_offsets(half)):
-        probe = _linear(coords - low + offset, span)
-        at = torch.searchsorted(sorted_keys, probe).clamp(max=len(sorted_keys) - 1)
-        hit = sorted_keys[at] == probe
-        gathers.append(order[at[hit]])
-        scatters.append(torch.nonzero(hit).flatten())
-        segments.append(torch.full((int(hit.sum()),), o))
+    probes = torch.stack([_linear(coords - low + o, span) for o in _offsets(kernel // 2)], 1)
+    gather, segment, scatter = probe_pairs(_linear(coords - low, span), probes)
     n = coords.shape[0]
     return Workload(
         name=name,
-        gather=torch.cat(gathers),
-        segment=torch.cat(segments),
-        scatter=torch.cat(scatters),
+        gather=gather,
+        segment=segment,
+        scatter=scatter,
         n_in=n,
         n_out=n,
         num_segments=kernel**3,

@@ -11,10 +11,11 @@ which is one g-mm-s problem (gather ``i``, segment ``k``, scatter ``o``, sum) ru
 :func:`fusekit.gms.gms`, differentiable in ``x``, ``weight`` and ``bias``. The weight keeps
 spconv's ``[out, 3, 3, 3, in]`` layout, so an spconv layer's ``state_dict`` loads as it is.
 
-Per kernel map, once: the map (numba hash on the CPU), its features, the gms selector's choice
-of strategy and configuration for the layer's widths and dtype, and the plan built with the
-choice's knobs. Layers that share an ``indice_key`` share the map (as in spconv), and repeated
-forwards on the same :class:`SparseTensor` do no planning.
+Per kernel map, once: the map's first pass (numba on the CPU: every pair found and counted), its
+features from those counts, the gms selector's choice of strategy and configuration for the
+layer's widths and dtype, and the second pass writing the pairs straight into the plan with the
+choice's knobs (:mod:`fusekit.nn.kmap`). Layers that share an ``indice_key`` share the map (as
+in spconv), and repeated forwards on the same :class:`SparseTensor` do no planning.
 
 When to prefer which: ``SubMConv3d`` keeps the active set (outputs = inputs); ``SparseConv3d``
 with stride 2 halves the resolution and creates outputs wherever a kernel window reaches one
@@ -33,53 +34,66 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.nn import kmap as km
-from fusekit.nn.engine import strategy_for
+from fusekit.nn.engine import local_target, strategy_for
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan
     from fusekit.gms.candidates import Config
+    from fusekit.gms.features import Features
 
 
 @dataclass(eq=False)
 class ConvMap:
     """A kernel map with its gms plans and choices, per (widths, dtype, device).
 
+    On the CPU the map starts as pass 1 of the numba builder (:class:`fusekit.nn.kmap.Hits`):
+    the first :meth:`plan_for` selects the configuration from its counts and writes the pairs
+    straight into that configuration's packed plan; the :class:`~fusekit.nn.kmap.KernelMap`
+    is then views of that plan. Later widths plan from the map (:func:`kmap.plan_kernel_map`).
+
     Attributes:
-        kmap: the pairs.
         indices: the input coordinates it was built from.
+        hits: pass 1 of the map, until the first plan writes it (``None`` after, or off CPU).
         plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
     """
 
-    kmap: km.KernelMap
     indices: torch.Tensor
+    hits: km.Hits | None = None
+    built: km.KernelMap | None = None
     plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
         default_factory=dict
     )
+
+    @property
+    def kmap(self) -> km.KernelMap:
+        """The pairs (written by pass 2 now if no plan has been made yet)."""
+        if self.built is None:
+            if self.hits is None:
+                raise ValueError(expected("ConvMap", "hits", "pass 1 or a built map", None))
+            self.built, self.hits = self.hits.kernel_map(), None
+        return self.built
 
     def plan_for(
         self, k: int, m: int, dtype: torch.dtype, device: torch.device, strategy: str = "auto"
     ) -> tuple[Any, Any]:
         """The plan and configuration for operands of widths ``k``, ``m`` (cached)."""
         key = (k, m, dtype, str(device), strategy)
-        if key not in self.plans:
-            cfg = choose(self.kmap, k, m, dtype, device, strategy)
-            from fusekit.gms.candidates import Order
+        if key in self.plans:
+            return self.plans[key]
+        if self.hits is not None and device.type == "cpu":
+            cfg = choose(self.hits.features(k, m, dtype), device, strategy)
+            self.built, plan = self.hits.plan(*cfg.plan_knobs)
+            self.hits = None
+        else:
+            cfg = choose(km.features_of(self.kmap, k, m, dtype), device, strategy)
+            plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs)
+            plan = plan.to(device) if device.type != "cpu" else plan
+        self.plans[key] = (plan, cfg)
+        return plan, cfg
 
-            orders = cfg.strategy.order is not Order.PAIRWISE
-            plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs, orders=orders)
-            self.plans[key] = (plan.to(device) if device.type != "cpu" else plan, cfg)
-        return self.plans[key]
 
-
-def choose(
-    kmap: km.KernelMap,
-    k: int,
-    m: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    strategy: str = "auto",
-) -> Config:
-    """The gms selector's configuration for a map (``select(features(plan), detect())``).
+def choose(features: Features, device: torch.device, strategy: str = "auto") -> Config:
+    """The gms selector's configuration for a map's features (``select(features, target)``).
 
     A kernel map has one pair per (offset, input) and per (offset, output), so the
     transform-first and aggregate-first orders run as many GEMM rows as the pairwise order plus
@@ -89,11 +103,11 @@ def choose(
     """
     from fusekit.gms.candidates import Order, Strategy
     from fusekit.gms.selector import select
-    from fusekit.hw import detect, load
+    from fusekit.hw import load
 
-    # no GPU detection in fusekit.hw yet: a CUDA device is described by the H100 preset
-    target: Any = load("h100") if device.type == "cuda" else detect()
-    cfg = select(km.features_of(kmap, k, m, dtype), target).config
+    # a CUDA device is described by the H100 preset; the CPU by its (once per process) detection
+    target: Any = load("h100") if device.type == "cuda" else local_target(device)
+    cfg = select(features, target).config
     if strategy != "auto":
         cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))
     if cfg.strategy.order is not Order.PAIRWISE:
@@ -297,10 +311,15 @@ class _SparseConv(torch.nn.Module):
                     )
                 )
             return cached
-        kmap = km.build(
-            x.indices, x.spatial_shape, x.batch_size, self.stride, self.padding, self.subm
-        )
-        entry = ConvMap(kmap, x.indices)
+        if x.indices.device.type == "cpu":
+            shape, stride = x.spatial_shape, self.stride
+            hits = km.find_hits(x.indices, shape, x.batch_size, stride, self.padding, self.subm)
+            entry = ConvMap(x.indices, hits=hits)
+        else:
+            built = km.build(
+                x.indices, x.spatial_shape, x.batch_size, self.stride, self.padding, self.subm
+            )
+            entry = ConvMap(x.indices, built=built)
         if self.indice_key is not None:
             x.maps[self.indice_key] = entry
         return entry

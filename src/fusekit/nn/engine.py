@@ -104,18 +104,13 @@ def prepare(
 
     if strategy != "auto":
         return Prepared(problem, plan(problem), strategy, None, "named")
-    from fusekit.gms.features import features
+    from fusekit.gms.features import features_of_problem
     from fusekit.gms.selector import select
 
-    base = plan(problem)
-    choice = select(features(base, k, m, dtype, has_scale), _target(device))
+    # features from counts (equal to those of the default plan), then one plan with the knobs
+    choice = select(features_of_problem(problem, k, m, dtype, has_scale), local_target(device))
     cfg = choice.config
-    defaults = (base.tile_rows, base.num_blocks, base.schedule)
-    chosen = (
-        base
-        if cfg.plan_knobs == defaults
-        else plan(problem, tile_rows=cfg.tile_rows, blocks=cfg.blocks, schedule=cfg.schedule)
-    )
+    chosen = plan(problem, tile_rows=cfg.tile_rows, blocks=cfg.blocks, schedule=cfg.schedule)
     log.info("nn: %s from %s for %d pairs", cfg.strategy.name, choice.source, problem.num_pairs)
     return Prepared(problem, chosen, cfg.strategy.name, cfg, choice.source)
 
@@ -123,7 +118,7 @@ def prepare(
 _TARGETS: dict[str, Any] = {}
 
 
-def _target(device: torch.device) -> Any:
+def local_target(device: torch.device) -> Any:
     """The measured local target of ``device`` (measured once per process and machine)."""
     key = f"{device.type}:{device.index or 0}"
     if key not in _TARGETS:

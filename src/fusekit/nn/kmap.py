@@ -17,22 +17,29 @@ The map is a :class:`fusekit.gms.GMSProblem`: gather ``g = i``, segment ``s = k`
 
 Two builders, with equal results (tests compare both with spconv's own indice pairs):
 
-* CPU, :func:`build` on CPU tensors (numba): the voxels sorted by their linearised key
-  ``((b Z + z) Y + y) X + x`` (no sort when they already are), cut into runs of one row
-  ``(b, z, y)``; an open-addressing hash table (linear probing, Fibonacci hashing) maps row
-  keys to runs. In parallel over output rows, the 9 rows of the ``(kz, ky)`` offsets are probed
-  once and merged with the output row along x, which finds the 3 ``kx`` offsets; then the hits
-  are compacted per offset in two parallel passes (count per chunk of outputs, then write at
-  prefix-summed positions). A first version hashed every voxel and probed the 27 offsets per
-  voxel: its random probes into an 8 MB table made it 2x slower on a 160k-voxel scan.
+* CPU, :func:`find_hits` then :class:`Hits` (numba), in two passes with the gms selector between
+  them. The voxels are sorted by their linearised key ``((b Z + z) Y + y) X + x`` (no sort when
+  they already are) and cut into runs of one row ``(b, z, y)``; an open-addressing table
+  (linear probing, Fibonacci hashing) maps row keys to runs, looked up 9 times per output row.
+  *Pass 1*, in parallel over chunks of 1024 outputs, merges each output row with its
+  neighbour rows along x and records every hit, each output's offsets as bits and the hits per
+  (chunk, offset). For SubM on sorted voxels it searches only the 13 offsets before the centre
+  (4 neighbour rows and the voxel before): offset ``26 - k`` is offset ``k`` reversed and its
+  pairs come in the same order, so the mirrors are counted, not searched. The counts are the
+  selector's features (:meth:`Hits.features`), so the configuration is chosen before any pair
+  is written. *Pass 2* (:meth:`Hits.plan`) writes every pair once, straight into the chosen
+  configuration's packed gms plan (:func:`fusekit.gms.problem.empty_plan`), with the CSRs by
+  output and input row; the :class:`KernelMap` is views of that plan. :func:`build` is pass 1
+  and pass 2 into plain arrays.
 * :func:`build_reference` (plain torch, any device, also the GPU path of :func:`build`): the
-  input keys sorted once, each probe found with ``torch.searchsorted``. There is no GPU hash
+  probes of every output and offset, found in the sorted input keys by
+  :func:`fusekit.gms.workloads.probe_pairs` (``torch.searchsorted``). There is no GPU hash
   table: the GPU path is this sort + binary search, run on the device.
 
-:func:`plan_kernel_map` turns a map into its :class:`fusekit.gms.GMSPlan` in O(E) numba passes:
-the pairs already come in plan order, and every (offset, input) and (offset, output) pair is
-distinct, so the sorts of :func:`fusekit.gms.plan` (its reference, compared in the tests) become
-counting passes.
+:func:`plan_kernel_map` plans a built map (another layer width on a shared map): without orders
+through :func:`fusekit.gms.problem.plan_sorted`, with them in O(E) numba passes (the pairs
+already come in plan order, and every (offset, input) and (offset, output) pair is distinct, so
+the sorts of :func:`fusekit.gms.plan`, its reference in the tests, become counting passes).
 """
 
 from __future__ import annotations
@@ -43,12 +50,12 @@ from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
+import torch
 
 from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.rows import scratch
 
 if TYPE_CHECKING:
-    import torch
-
     from fusekit.gms import GMSPlan, GMSProblem
     from fusekit.gms.features import Features
 
@@ -138,37 +145,26 @@ def _row_table(rows, bits):  # type: ignore[no-untyped-def]
     return table
 
 
-@numba.njit(parallel=True, cache=True)
-def _probe_rows(  # type: ignore[no-untyped-def]
-    # inputs sorted by key, as runs of one row (b, z, y): row id [R], run ptr [R + 1],
-    # x [N] ascending within a run, original row [N]; table: row id -> run
-    in_rows,
-    in_ptr,
-    in_x,
-    in_index,
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
+def _neighbour_runs(  # type: ignore[no-untyped-def]
+    # output rows (b, z, y) as ids in the output shape [R_out]; input row table (id -> run)
+    out_rows,
     table,
     bits,
-    # outputs sorted by key, as runs (same layout, in the output shape)
-    out_rows,
-    out_ptr,
-    out_x,
-    out_index,
-    nbr,
     # sizes: input shape, output shape, stride, padding
     shape,
     out_shape,
     stride,
     padding,
 ):
-    """``nbr[o, k]`` = input row at ``s c_o - p + k``, or -1, by merging sorted rows.
+    """``[R_out, 9]``: the input run of row ``(b, s z - p + k_z, s y - p + k_y)``, or -1.
 
-    Per output row (parallel): the 9 input rows of the ``(kz, ky)`` offsets are looked up once
-    in the row table, then each is merged with the output row along x (both ascending), the
-    three ``kx`` found by a short forward scan. Memory is read in order; the only random
-    accesses are 9 row lookups per output row, in a table that fits the cache.
+    Entry ``3 k_z + k_y``; one table lookup per output row and ``(k_z, k_y)``, the only random
+    accesses of the build (the table of distinct rows fits the cache).
     """
+    nbr = np.full((out_rows.shape[0], 9), -1, np.int64)
     mask = (1 << bits) - 1
-    for r in numba.prange(out_rows.shape[0]):
+    for r in range(out_rows.shape[0]):
         row = out_rows[r]
         y = row % out_shape[1]
         z = (row // out_shape[1]) % out_shape[0]
@@ -180,90 +176,578 @@ def _probe_rows(  # type: ignore[no-untyped-def]
                 continue
             key = (b * shape[0] + zi) * shape[1] + yi
             h = _hash_slot(key, bits)
-            run = -1
             while table[h, 0] != _EMPTY:
                 if table[h, 0] == key:
-                    run = table[h, 1]
+                    nbr[r, kzy] = table[h, 1]
                     break
                 h = (h + 1) & mask
-            if run < 0:
-                continue
-            j = in_ptr[run]
-            end = in_ptr[run + 1]
-            for q in range(out_ptr[r], out_ptr[r + 1]):
-                x0 = out_x[q] * stride[2] - padding[2]
-                while j < end and in_x[j] < x0:
-                    j += 1
-                jj = j
-                for kx in range(3):
-                    while jj < end and in_x[jj] < x0 + kx:
-                        jj += 1
-                    if jj < end and in_x[jj] == x0 + kx:
-                        nbr[out_index[q], kzy * 3 + kx] = in_index[jj]
+    return nbr
 
 
-def _runs(keys: np.ndarray, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted keys as runs of one row: row ids, run pointer, x."""
-    rows = keys // row_length
-    starts = np.flatnonzero(rows[1:] != rows[:-1]) + 1
-    ptr = np.concatenate([[0], starts, [len(keys)]]).astype(np.int64)
-    if len(keys) == 0:
-        ptr = ptr[:1]
-    return rows[ptr[:-1]], ptr, keys - rows * row_length
+@numba.njit(cache=True, inline="always")
+def _lower_bound(values, lo, hi, v):  # type: ignore[no-untyped-def]
+    """First ``j`` in ``[lo, hi)`` with ``values[j] >= v`` (``hi`` if none); values ascending."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @numba.njit(parallel=True, cache=True)
-def _count(nbr, counts, degree, mask):  # type: ignore[no-untyped-def]
-    """Hits per (chunk of rows, offset), per output row, and each row's offsets as bits."""
-    n_out = nbr.shape[0]
+def _find_hits(  # type: ignore[no-untyped-def]
+    # per output voxel, in output order: its row's run [N_out], its x [N_out]
+    run_of,
+    x_of,
+    # the output runs' neighbour input runs [R_out, 9]; input runs: ptr [R + 1], x [N],
+    # original row of each sorted input [N]
+    nbr,
+    in_ptr,
+    in_x,
+    in_index,
+    # x stride and padding
+    stride_x,
+    pad_x,
+    # out: hits [chunks * _CHUNK * 27] (chunk c's from c * _CHUNK * 27, in output and offset
+    # order), each output's offsets as bits [N_out], hits per (chunk, offset) [chunks, 27]
+    hits,
+    mask,
+    counts,
+):
+    """Pass 1: the input of every (output, offset) pair, compacted per chunk of outputs.
+
+    Output ``o`` at ``x`` reads ``x_i = s x - p + k_x`` from each of its 9 neighbour runs
+    (x ascending): a cursor at the first ``x_i >= s x - p`` then three equality tests. The
+    cursors carry over between consecutive outputs of one row with growing ``x`` (a merge, for
+    inputs sorted by key); elsewhere they restart with a binary search.
+    """
+    n_out = run_of.shape[0]
     for c in numba.prange(counts.shape[0]):
+        at = c * _CHUNK * KERNEL_VOLUME
+        cursor = np.zeros(9, np.int64)
+        last_run = -1
+        last_x = 0
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            r = run_of[o]
+            x0 = x_of[o] * stride_x - pad_x
+            fresh = r != last_run or x0 < last_x
             bits = 0
-            for k in range(KERNEL_VOLUME):
-                if nbr[o, k] >= 0:
-                    counts[c, k] += 1
-                    bits |= 1 << k
+            for kzy in range(9):
+                run = nbr[r, kzy]
+                if run < 0:
+                    continue
+                end = in_ptr[run + 1]
+                if fresh:
+                    j = _lower_bound(in_x, in_ptr[run], end, x0)
+                else:
+                    j = cursor[kzy]
+                    while j < end and in_x[j] < x0:
+                        j += 1
+                cursor[kzy] = j
+                for kx in range(3):
+                    if j < end and in_x[j] == x0 + kx:
+                        k = kzy * 3 + kx
+                        bits |= 1 << k
+                        hits[at] = in_index[j]
+                        at += 1
+                        counts[c, k] += 1
+                        j += 1
             mask[o] = bits
-            degree[o] = _popcount(bits)
+            last_run = r
+            last_x = x0
 
 
 @numba.njit(cache=True, inline="always")
 def _popcount(v):  # type: ignore[no-untyped-def]
-    n = 0
-    while v:
-        v &= v - 1
-        n += 1
-    return n
+    """Set bits of ``0 <= v < 2^62`` (SWAR: pairs, nibbles, bytes, then one multiply)."""
+    v = v - ((v >> 1) & 0x5555555555555555)
+    v = (v & 0x3333333333333333) + ((v >> 2) & 0x3333333333333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return ((v * 0x0101010101010101) >> 56) & 0xFF
+
+
+#: De Bruijn table: the index of the lowest set bit ``b`` of a 32-bit word is
+#: ``_DEBRUIJN[((b * 0x077CB531) mod 2^32) >> 27]``.
+_DEBRUIJN = np.array(
+    [
+        *(0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8),
+        *(31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9),
+    ],
+    np.int64,
+)
+
+
+@numba.njit(cache=True, inline="always")
+def _lowest_bit(bits, debruijn):  # type: ignore[no-untyped-def]
+    """Index of the lowest set bit of ``0 < bits < 2^32``."""
+    return debruijn[(((bits & -bits) * 0x077CB531) & 0xFFFFFFFF) >> 27]
 
 
 @numba.njit(parallel=True, cache=True)
-def _compact(  # type: ignore[no-untyped-def]
-    nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, src_ptr, src_pos, subm
+def _find_lower(  # type: ignore[no-untyped-def]
+    # per voxel (inputs sorted by key): its row's run [N], x [N]; run pointer [R + 1]
+    run_of,
+    x_of,
+    in_ptr,
+    # the runs' neighbour runs [R, 9] (entries 0..3: rows (z-1, y-1..y+1) and (z, y-1))
+    nbr,
+    # out: lower hits [chunks * _CHUNK * 13] per chunk, their bits [N], counts [chunks, 27]
+    hits,
+    mask,
+    counts,
 ):
-    """Write the hits of each chunk at ``start[c, k]``: offset-major, output rows ascending.
+    """Pass 1 of a SubM map on sorted voxels: the 13 offsets before the centre only.
 
-    Also the CSRs of :func:`fusekit.gms.plan`: by output row (the row's pairs in position order,
-    which is offset order) and, for submanifold maps, by input row: input ``i`` feeds through
-    ``k`` exactly when ``nbr[i, 26 - k] >= 0``, so its pairs in offset order are the set bits of
-    ``mask[i]`` from the top, and pair ``(k, i)`` is the ``popcount(mask[i] >> (27 - k))``-th.
+    Offset ``k < 13`` reads a voxel with a smaller key (``dz < 0``, or ``dz = 0, dy < 0``, or
+    ``dz = dy = 0, dx = -1``); its mirror ``26 - k`` is the same pair reversed, and ``13`` is
+    the identity, so these 4 neighbour rows and the voxel before give the whole map. Rows
+    ``(z - 1, *)`` and ``(z, y - 1)`` are merged as in :func:`_find_hits`; ``dx = -1`` in the
+    voxel's own row is voxel ``o - 1`` when it sits at ``x - 1``.
     """
-    n_out = nbr.shape[0]
+    n = run_of.shape[0]
+    for c in numba.prange(counts.shape[0]):
+        at = c * _CHUNK * 13
+        cursor = np.zeros(4, np.int64)
+        last_run = -1
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            r = run_of[o]
+            x0 = x_of[o] - 1
+            fresh = r != last_run
+            bits = 0
+            for kzy in range(4):
+                run = nbr[r, kzy]
+                if run < 0:
+                    continue
+                end = in_ptr[run + 1]
+                j = in_ptr[run] if fresh else cursor[kzy]
+                while j < end and x_of[j] < x0:
+                    j += 1
+                cursor[kzy] = j
+                for kx in range(3):
+                    if j < end and x_of[j] == x0 + kx:
+                        k = kzy * 3 + kx
+                        bits |= 1 << k
+                        hits[at] = j
+                        at += 1
+                        counts[c, k] += 1
+                        j += 1
+            if o > 0 and run_of[o - 1] == r and x_of[o - 1] == x0:
+                bits |= 1 << 12
+                hits[at] = o - 1
+                at += 1
+                counts[c, 12] += 1
+            mask[o] = bits
+            last_run = r
+
+
+@numba.njit(cache=True)
+def _mirror(hits, hit_ptr, mask, counts, debruijn):  # type: ignore[no-untyped-def]
+    """Complete the masks and counts of :func:`_find_lower` (serial: mirrors cross chunks).
+
+    Lower hit ``(k, i)`` of voxel ``o`` is the pair ``(26 - k, o)`` of output ``i``: bit
+    ``26 - k`` of ``mask[i]``, counted in ``i``'s chunk; every voxel has the centre, bit 13.
+    """
+    n = mask.shape[0]
+    upper = np.zeros(n, np.int64)
+    for c in range(counts.shape[0]):
+        h = hit_ptr[c]
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            bits = mask[o]
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                upper[i] |= 1 << (26 - k)
+                counts[i // _CHUNK, 26 - k] += 1
+            counts[c, 13] += 1
+    for o in range(n):
+        mask[o] |= upper[o] | (1 << 13)
+
+
+@numba.njit(parallel=True, cache=True)
+def _write_symmetric(  # type: ignore[no-untyped-def]
+    # pass 1's lower hits and each chunk's first [chunks + 1], full bits [N], each chunk's
+    # first position per offset [chunks, 27]
+    hits,
+    hit_ptr,
+    mask,
+    start,
+    # offset pointer [28], CSR pointer by row [N + 1] (by output = by input for SubM)
+    offset_ptr,
+    ptr,
+    debruijn,
+    # out [E]: gather, scatter, dst_pos, src_pos
+    gather,
+    scatter,
+    dst_pos,
+    src_pos,
+):
+    """Pass 2 of a SubM map on sorted voxels: each lower hit writes itself and its mirror.
+
+    Hit ``(k, i)`` of ``o`` goes to ``p = start[c, k] + `` (hits of ``k`` before it in chunk
+    ``c``). Its mirror ``(26 - k, o -> i)`` takes the same rank in offset ``26 - k``:
+    ``p' = offset_ptr[26 - k] + p - offset_ptr[k]``, since ``i`` is ``o`` shifted by one key
+    difference, so sorting by ``i`` sorts by ``o``. The centre of ``o`` is
+    ``offset_ptr[13] + o``. CSR slots: a pair ``(k, g -> d)`` is the
+    ``popcount(mask[d] & (2^k - 1))``-th of row ``d`` and the ``popcount(mask[g] >> (27 - k))``-th
+    of input ``g``.
+    """
+    n = mask.shape[0]
     for c in numba.prange(start.shape[0]):
         at = start[c].copy()
+        h = hit_ptr[c]
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            full = mask[o]
+            lower = full & 0x1FFF
+            bits = lower
+            t = 0
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                p = at[k]
+                at[k] = p + 1
+                gather[p] = i
+                scatter[p] = o
+                dst_pos[ptr[o] + t] = p
+                src_pos[ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
+                t += 1
+                q = offset_ptr[26 - k] + p - offset_ptr[k]
+                gather[q] = o
+                scatter[q] = i
+                dst_pos[ptr[i] + _popcount(mask[i] & ((1 << (26 - k)) - 1))] = q
+                src_pos[ptr[o] + _popcount(full >> (k + 1))] = q
+            p = offset_ptr[13] + o
+            gather[p] = o
+            scatter[p] = o
+            dst_pos[ptr[o] + t] = p
+            src_pos[ptr[o] + _popcount(full >> 14)] = p
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_order_segment(order, segment, offset_ptr):  # type: ignore[no-untyped-def]
+    """``order[p] = p`` and ``segment[p] = k`` on offset ``k``'s positions."""
+    for k in numba.prange(offset_ptr.shape[0] - 1):
+        for p in range(offset_ptr[k], offset_ptr[k + 1]):
+            order[p] = p
+            segment[p] = k
+
+
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
+def _degrees(mask):  # type: ignore[no-untyped-def]
+    """``dst_ptr``: the CSR pointer of the pairs by output row, ``popcount(mask)`` per row."""
+    n = mask.shape[0]
+    ptr = np.zeros(n + 1, np.int64)
+    for o in range(n):
+        ptr[o + 1] = ptr[o] + _popcount(mask[o])
+    return ptr
+
+
+@numba.njit(parallel=True, cache=True)
+def _write_pairs(  # type: ignore[no-untyped-def]
+    # pass 1's hits and each chunk's first [chunks + 1], bits, each chunk's first position per
+    # offset [chunks, 27]
+    hits,
+    hit_ptr,
+    mask,
+    start,
+    # CSR pointers by output row and (SubM) by input row
+    dst_ptr,
+    src_ptr,
+    subm,
+    debruijn,
+    # out [E]: the plan's gather, scatter, dst_pos and (SubM) src_pos
+    gather,
+    scatter,
+    dst_pos,
+    src_pos,
+):
+    """Pass 2: every hit written at its plan position ``p``, offset-major, outputs ascending.
+
+    The hit ``(k, i)`` of output ``o`` goes to ``p = start[c, k] + `` (hits of ``k`` before it in
+    chunk ``c``); ``dst_pos`` lists a row's positions in offset order. SubM maps also fill
+    ``src_pos``: input ``i`` feeds through ``k`` exactly when bit ``26 - k`` of ``mask[i]`` is
+    set, so pair ``(k, i)`` is the ``popcount(mask[i] >> (27 - k))``-th of input ``i``.
+    """
+    n_out = mask.shape[0]
+    for c in numba.prange(start.shape[0]):
+        at = start[c].copy()
+        h = hit_ptr[c]
         for o in range(c * _CHUNK, min(n_out, (c + 1) * _CHUNK)):
+            bits = mask[o]
             j = dst_ptr[o]
+            while bits:
+                k = _lowest_bit(bits, debruijn)
+                bits &= bits - 1
+                i = hits[h]
+                h += 1
+                p = at[k]
+                at[k] = p + 1
+                gather[p] = i
+                scatter[p] = o
+                dst_pos[j] = p
+                j += 1
+                if subm:
+                    src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
+
+
+@numba.njit(cache=True)
+def _sources(hits, n_in):  # type: ignore[no-untyped-def]
+    """``[N_in]`` pairs of each input (a bincount)."""
+    out = np.zeros(n_in, np.int64)
+    for h in range(hits.shape[0]):
+        out[hits[h]] += 1
+    return out
+
+
+@numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
+def _compact_hits(spread, stride, hit_ptr):  # type: ignore[no-untyped-def]
+    """Chunk ``c``'s hits, ``spread[c * stride :]``, moved to ``[hit_ptr[c], hit_ptr[c + 1])``."""
+    out = np.empty(hit_ptr[-1], np.int32)
+    for c in range(hit_ptr.shape[0] - 1):
+        for h in range(hit_ptr[c + 1] - hit_ptr[c]):
+            out[hit_ptr[c] + h] = spread[c * stride + h]
+    return out
+
+
+@numba.njit(cache=True)
+def _run_ptr(first_row, before, mask, offset_ptr):  # type: ignore[no-untyped-def]
+    """``[27, B + 1]``: where the pairs of offset ``k`` with output row ``>= first_row[b]`` start.
+
+    ``before[c, k]`` counts offset ``k``'s pairs in the chunks before ``c``; the rows of the
+    block's first chunk before ``first_row[b]`` are added from their bits.
+    """
+    out = np.empty((KERNEL_VOLUME, first_row.shape[0]), np.int64)
+    for b in range(first_row.shape[0]):
+        row = first_row[b]
+        c = row // _CHUNK
+        for k in range(KERNEL_VOLUME):
+            out[k, b] = offset_ptr[k] + before[c, k]
+        for o in range(c * _CHUNK, row):
             for k in range(KERNEL_VOLUME):
-                i = nbr[o, k]
-                if i >= 0:
-                    p = at[k]
-                    gather[p] = i
-                    segment[p] = k
-                    scatter[p] = o
-                    dst_pos[j] = p
-                    j += 1
-                    if subm:
-                        src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
-                    at[k] += 1
+                out[k, b] += (mask[o] >> k) & 1
+    return out
+
+
+@numba.njit(cache=True)
+def _key_runs(keys, row_length):  # type: ignore[no-untyped-def]
+    """Sorted keys as runs of one row: row ids, run pointer, x and each key's run.
+
+    Shapes ``[R]``, ``[R + 1]``, ``[N]``, ``[N]``; one pass counts the rows, one fills.
+    """
+    n = keys.shape[0]
+    rows = 0
+    for j in range(n):
+        if j == 0 or keys[j] // row_length != keys[j - 1] // row_length:
+            rows += 1
+    row_ids = np.empty(rows, np.int64)
+    ptr = np.empty(rows + 1, np.int64)
+    x = np.empty(n, np.int64)
+    run = np.empty(n, np.int64)
+    r = -1
+    for j in range(n):
+        row = keys[j] // row_length
+        if r < 0 or row != row_ids[r]:
+            r += 1
+            row_ids[r] = row
+            ptr[r] = j
+        x[j] = keys[j] - row * row_length
+        run[j] = r
+    ptr[rows] = n
+    return row_ids, ptr, x, run
+
+
+@numba.njit(cache=True)
+def _linear_keys(coords, z, y, x):  # type: ignore[no-untyped-def]
+    """``((b Z + z) Y + y) X + x`` per voxel, and whether they strictly ascend."""
+    n = coords.shape[0]
+    keys = np.empty(n, np.int64)
+    ascending = True
+    for i in range(n):
+        c = coords[i]
+        keys[i] = ((np.int64(c[0]) * z + c[1]) * y + c[2]) * x + c[3]
+        if i > 0 and keys[i] <= keys[i - 1]:
+            ascending = False
+    return keys, ascending
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Hits:
+    """Pass 1 of a CPU kernel map: every pair found, not yet written in plan order.
+
+    The map's sizes and counts are known here, so the gms selector can choose the plan knobs
+    (:meth:`features`) before pass 2 writes the pairs straight into the packed plan
+    (:meth:`plan`), or into a :class:`KernelMap` (:meth:`kernel_map`).
+
+    Attributes:
+        hits: ``[H]`` int32 inputs in (output, offset) order (``H = E``, or when ``symmetric``
+            the pairs of the 13 offsets before the centre).
+        hit_ptr: ``[chunks + 1]`` where each chunk of 1024 outputs starts in ``hits``.
+        mask: ``[N_out]`` int64 each output's offsets as bits (bit ``k``: offset ``k``).
+        counts: ``[chunks, 27]`` hits per (chunk of 1024 outputs, offset).
+        dst_ptr: ``[N_out + 1]`` pairs by output row.
+        n_in: input voxels.
+        out_coords: ``[N_out, 4]`` output voxels (the input tensor for SubM).
+        out_shape: output spatial shape.
+        subm: outputs are the inputs (then the pairs by input row follow from ``mask``).
+        symmetric: ``hits`` holds the 13 offsets before the centre only, ``13`` per output
+            (:func:`_find_lower`: SubM on voxels sorted by key).
+    """
+
+    hits: np.ndarray
+    hit_ptr: np.ndarray
+    mask: np.ndarray
+    counts: np.ndarray
+    dst_ptr: np.ndarray
+    n_in: int
+    out_coords: Any
+    out_shape: tuple[int, int, int]
+    subm: bool
+    symmetric: bool = False
+
+    @property
+    def num_pairs(self) -> int:
+        """``E``."""
+        return int(self.dst_ptr[-1])
+
+    @property
+    def offset_ptr(self) -> np.ndarray:
+        """``[28]`` where each offset's pairs start in plan order."""
+        return np.concatenate([[0], np.cumsum(self.counts.sum(0))]).astype(np.int64)
+
+    def features(self, k: int, m: int, dtype: torch.dtype) -> Features:
+        """The gms selector's features of the map (``fusekit.gms.features`` of its plan).
+
+        Raises:
+            TypeError: a dtype gms does not run.
+        """
+        from fusekit.gms.features import features_of_counts
+
+        degree = np.diff(self.dst_ptr)
+        sources = None if self.subm else _sources(self.hits, self.n_in)
+        return features_of_counts(
+            segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
+            degree=degree,
+            sources=sources,
+            n_in=self.n_in,
+            k=k,
+            m=m,
+            dtype=dtype,
+        )
+
+    def _write(self, views: dict[str, Any]) -> None:
+        """Pass 2 into ``views`` (numpy arrays of ``[E]``); the SubM src CSR is ``dst_ptr``."""
+        counts, offset_ptr = self.counts, self.offset_ptr
+        start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
+        _fill_order_segment(views["order"], views["segment"], offset_ptr)
+        pairs = (views["gather"], views["scatter"], views["dst_pos"], views["src_pos"])
+        if self.symmetric:
+            _write_symmetric(
+                self.hits,
+                self.hit_ptr,
+                self.mask,
+                start,
+                offset_ptr,
+                self.dst_ptr,
+                _DEBRUIJN,
+                *pairs,
+            )
+        else:
+            _write_pairs(
+                self.hits,
+                self.hit_ptr,
+                self.mask,
+                start,
+                self.dst_ptr,
+                self.dst_ptr,
+                self.subm,
+                _DEBRUIJN,
+                *pairs,
+            )
+        if not self.subm:  # pairs by input row: a counting sort of the gather rows
+            src_ptr, src_pos = _counting_order(views["gather"], self.n_in)
+            views["src_ptr"][:] = src_ptr
+            views["src_pos"][:] = src_pos
+        else:
+            views["src_ptr"][:] = self.dst_ptr
+        views["dst_ptr"][:] = self.dst_ptr
+
+    def kernel_map(self) -> KernelMap:
+        """Pass 2 into plain arrays: the :class:`KernelMap` (with its CSRs)."""
+        import torch
+
+        e, n_out = self.num_pairs, self.mask.shape[0]
+        views = {n: np.empty(e, np.int64) for n in ("order", "gather", "segment", "scatter")}
+        views |= {"dst_pos": np.empty(e, np.int64), "src_pos": np.empty(e, np.int64)}
+        views |= {
+            "dst_ptr": np.empty(n_out + 1, np.int64),
+            "src_ptr": np.empty(self.n_in + 1, np.int64),
+        }
+        self._write(views)
+        return self._kernel_map(
+            *(torch.from_numpy(views[n]) for n in ("gather", "segment", "scatter")),
+            csr=tuple(views[n] for n in ("dst_ptr", "dst_pos", "src_ptr", "src_pos")),
+        )
+
+    def plan(self, tile_rows: int, blocks: int, schedule: str) -> tuple[KernelMap, GMSPlan]:
+        """Pass 2 straight into a packed gms plan with these knobs, and the map as its views.
+
+        Equal to ``plan_kernel_map(self.kernel_map(), tile_rows, blocks, schedule)``: the runs
+        of each (offset, destination block) come from the per-chunk counts (:func:`_run_ptr`),
+        the tiles from :func:`fusekit.gms.problem.tiles_of_runs`, then every pair is written
+        once, at its position in the buffer.
+        """
+        import torch
+
+        from fusekit.gms.problem import block_rows, empty_plan, tiles_of_runs
+
+        e, n_out = self.num_pairs, self.mask.shape[0]
+        first_row = block_rows(torch.from_numpy(self.dst_ptr), blocks).numpy()
+        before = np.zeros((self.counts.shape[0] + 1, KERNEL_VOLUME), np.int64)
+        np.cumsum(self.counts, 0, out=before[1:])
+        run_ptr = _run_ptr(first_row, before, self.mask, self.offset_ptr)
+        tiles = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule)
+        out = empty_plan(
+            num_pairs=e,
+            n_in=self.n_in,
+            n_out=n_out,
+            num_segments=KERNEL_VOLUME,
+            num_tiles=len(tiles["tile_start"]),
+            num_blocks=blocks,
+            num_items=len(tiles["item_ptr"]) - 1,
+            tile_rows=tile_rows,
+            schedule=schedule,
+        )
+        self._write({n: v.numpy() for n, v in out.views.items()})
+        out.views["segment_ptr"].copy_(torch.from_numpy(self.offset_ptr))
+        for name, value in tiles.items():
+            out.views[name].copy_(value)
+        plan = out.plan()
+        kmap = self._kernel_map(plan.gather, plan.segment, plan.scatter, csr=(None,) * 4)
+        return kmap, plan
+
+    def _kernel_map(
+        self, gather: Any, segment: Any, scatter: Any, csr: tuple[Any, ...]
+    ) -> KernelMap:
+        import torch
+
+        coords = self.out_coords
+        return KernelMap(
+            gather=gather,
+            segment=segment,
+            scatter=scatter,
+            offset_ptr=torch.from_numpy(self.offset_ptr),
+            n_in=self.n_in,
+            out_coords=coords
+            if isinstance(coords, torch.Tensor)
+            else torch.from_numpy(coords).to(torch.int32),
+            out_shape=self.out_shape,
+            csr=csr,  # type: ignore[arg-type]
+        )
 
 
 @numba.njit(cache=True)
@@ -304,66 +788,86 @@ def _strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore
     return np.sort(found[:count])
 
 
-def _linear(coords: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
-    z, y, x = shape
-    return ((coords[:, 0] * z + coords[:, 1]) * y + coords[:, 2]) * x + coords[:, 3]
+def find_hits(
+    indices: torch.Tensor,
+    spatial_shape: tuple[int, int, int],
+    batch_size: int,
+    stride: tuple[int, int, int] = (1, 1, 1),
+    padding: tuple[int, int, int] = (1, 1, 1),
+    subm: bool = True,
+) -> Hits:
+    """Pass 1 of the CPU kernel map (numba): sort the keys, hash the rows, find every pair.
 
+    Args: as :func:`build`, with ``indices`` on the CPU.
 
-def _build_cpu(
-    coords: np.ndarray,
-    shape: tuple[int, int, int],
-    stride: tuple[int, int, int],
-    padding: tuple[int, int, int],
-    subm: bool,
-) -> tuple[Any, ...]:
-    keys = _linear(coords, shape)
-    ascending = bool(np.all(keys[1:] > keys[:-1]))
-    order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
-    if len(same):
-        raise ValueError(_duplicate_message(coords, int(max(order[same[0]], order[same[0] + 1]))))
-    out_shape = shape if subm else output_shape(shape, stride, padding)
+    Returns:
+        The :class:`Hits`; pass 2 is :meth:`Hits.plan` (into a gms plan) or
+        :meth:`Hits.kernel_map`.
+
+    Raises:
+        TypeError, ValueError: see :func:`check_indices`; duplicate voxels; indices not on
+            the CPU.
+    """
+    check_indices(indices, spatial_shape, batch_size)
+    if indices.device.type != "cpu":
+        raise ValueError(expected("find_hits", "indices", "on the CPU", indices.device))
+    shape: tuple[int, int, int] = tuple(int(n) for n in spatial_shape)  # type: ignore[assignment]
     if subm:
-        out_coords, out_keys, out_order = coords, sorted_keys, order
+        stride, padding = (1, 1, 1), (1, 1, 1)
+    coords = indices.numpy()
+    keys, ascending = _linear_keys(coords, *shape)
+    order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
+    sorted_keys = keys if ascending else keys[order]
+    if not ascending:
+        same = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+        if len(same):
+            row = int(max(order[same[0]], order[same[0] + 1]))
+            raise ValueError(_duplicate_message(coords, row))
+    out_shape = shape if subm else output_shape(shape, stride, padding)
+    in_rows, in_ptr, in_x, in_run = _key_runs(sorted_keys, shape[2])
+    if subm:
+        out_coords: Any = indices
+        out_rows, out_run, out_order = in_rows, in_run, order
+        x_of = coords[:, 3].astype(np.int64)
     else:
         sizes = (np.array(shape), np.array(out_shape), np.array(stride), np.array(padding))
-        out_keys = _strided_outputs(coords, *sizes)
-        out_coords, out_order = _unlinear(out_keys, out_shape), np.arange(len(out_keys))
-    n_out = out_coords.shape[0]
-    nbr = np.full((n_out, KERNEL_VOLUME), -1, np.int32)
-    in_rows, in_ptr, in_x = _runs(sorted_keys, shape[2])
+        out_keys = _strided_outputs(coords.astype(np.int64), *sizes)
+        out_coords = _unlinear(out_keys, out_shape)
+        out_rows, _, x_of, out_run = _key_runs(out_keys, out_shape[2])
+        out_order = np.arange(len(out_keys))
+    n_out = len(x_of)
+    if ascending or not subm:  # outputs in key order
+        run_of = out_run
+    else:
+        run_of = np.empty(n_out, np.int64)
+        run_of[out_order] = out_run
     bits = max(4, int(2 * max(len(in_rows), 1) - 1).bit_length())
     table = _row_table(in_rows, bits)
-    out_rows, out_ptr, out_x = _runs(out_keys, out_shape[2])
-    _probe_rows(
-        in_rows,
-        in_ptr,
-        in_x,
-        order,
-        table,
-        bits,
-        out_rows,
-        out_ptr,
-        out_x,
-        out_order,
-        nbr,
-        *(np.array(v) for v in (shape, out_shape, stride, padding)),
-    )
-    counts = np.zeros(((n_out + _CHUNK - 1) // _CHUNK, KERNEL_VOLUME), np.int64)
-    degree = np.empty(n_out, np.int64)
+    sizes = tuple(np.array(v) for v in (shape, out_shape, stride, padding))
+    nbr = _neighbour_runs(out_rows, table, bits, *sizes)
+    chunks = (n_out + _CHUNK - 1) // _CHUNK
     mask = np.empty(n_out, np.int64)
-    _count(nbr, counts, degree, mask)
-    offset_ptr = np.concatenate([[0], np.cumsum(counts.sum(0))])
-    # start[c, k] = offset_ptr[k] + hits of offset k in the chunks before c
-    start = offset_ptr[:-1][None, :] + np.cumsum(counts, 0) - counts
-    e = int(offset_ptr[-1])
-    gather, segment, scatter, dst_pos = (np.empty(e, np.int64) for _ in range(4))
-    dst_ptr = np.concatenate([[0], np.cumsum(degree)])
-    src_pos = np.empty(e if subm else 0, np.int64)
-    _compact(nbr, start, gather, segment, scatter, dst_ptr, dst_pos, mask, dst_ptr, src_pos, subm)
-    csr = (dst_ptr, dst_pos, dst_ptr, src_pos) if subm else (dst_ptr, dst_pos, None, None)
-    return gather, segment, scatter, offset_ptr, out_coords, csr
+    counts = np.zeros((chunks, KERNEL_VOLUME), np.int64)
+    symmetric = subm and ascending
+    # pass 1 writes each chunk's hits at its start in the thread's reused gms scratch buffer
+    # (fresh pages, a fault and a zeroed page per 4 KiB, cost as much as the pass), then they
+    # are compacted into an array of their own
+    stride_h = _CHUNK * (13 if symmetric else KERNEL_VOLUME)
+    spread = scratch("kernel map hits", chunks * stride_h, 1, torch.int32).numpy().reshape(-1)
+    if symmetric:
+        _find_lower(run_of, in_x, in_ptr, nbr, spread, mask, counts)
+    else:
+        _find_hits(
+            run_of, x_of, nbr, in_ptr, in_x, order, stride[2], padding[2], spread, mask, counts
+        )
+    hit_ptr = np.zeros(chunks + 1, np.int64)
+    np.cumsum(counts.sum(1), out=hit_ptr[1:])
+    hits = _compact_hits(spread, stride_h, hit_ptr)
+    if symmetric:
+        _mirror(hits, hit_ptr, mask, counts, _DEBRUIJN)
+    dst_ptr = _degrees(mask)
+    n_in = len(keys)
+    return Hits(hits, hit_ptr, mask, counts, dst_ptr, n_in, out_coords, out_shape, subm, symmetric)
 
 
 def _unlinear(keys: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -418,8 +922,14 @@ def check_indices(
     if indices.shape[0] == 0:
         return
     bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
-    bad = ((indices < 0) | (indices >= bounds)).any(1)
-    if bool(bad.any()):
+    if indices.device.type == "cpu":  # numpy: no thread-pool wake-up for an O(N) check
+        values = indices.numpy()
+        outside = bool((values.min(0) < 0).any() | (values.max(0) >= bounds.numpy()).any())
+    else:
+        low, high = torch.aminmax(indices, dim=0)
+        outside = bool((low < 0).any() | (high >= bounds).any())
+    if outside:  # the row is found only on failure
+        bad = ((indices < 0) | (indices >= bounds)).any(1)
         row = int(torch.nonzero(bad)[0, 0])
         raise ValueError(
             expected(
@@ -456,26 +966,11 @@ def build(
     Raises:
         TypeError, ValueError: see :func:`check_indices`; duplicate voxels.
     """
-    import torch
-
-    check_indices(indices, spatial_shape, batch_size)
-    shape = tuple(int(n) for n in spatial_shape)
-    stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))
-    if indices.device.type != "cpu":
+    stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))  # type: ignore[assignment]
+    if isinstance(indices, torch.Tensor) and indices.device.type != "cpu":
+        shape = tuple(int(n) for n in spatial_shape)
         return build_reference(indices, shape, batch_size, stride, padding, subm)  # type: ignore[arg-type]
-    coords = indices.numpy().astype(np.int64, copy=False)
-    g, s, d, ptr, out, csr = _build_cpu(coords, shape, stride, padding, subm)  # type: ignore[arg-type]
-    out_shape = shape if subm else output_shape(shape, stride, padding)  # type: ignore[arg-type]
-    return KernelMap(
-        gather=torch.from_numpy(g),
-        segment=torch.from_numpy(s),
-        scatter=torch.from_numpy(d),
-        offset_ptr=torch.from_numpy(ptr),
-        n_in=int(indices.shape[0]),
-        out_coords=indices if subm else torch.from_numpy(out).to(torch.int32),
-        out_shape=out_shape,  # type: ignore[arg-type]
-        csr=csr,
-    )
+    return find_hits(indices, spatial_shape, batch_size, stride, padding, subm).kernel_map()
 
 
 def build_reference(
@@ -486,8 +981,14 @@ def build_reference(
     padding: tuple[int, int, int] = (1, 1, 1),
     subm: bool = True,
 ) -> KernelMap:
-    """The same map in plain torch on any device: sorted keys, ``searchsorted`` per offset."""
+    """The same map in plain torch on any device: sorted keys, ``searchsorted`` per offset.
+
+    The probes are written here (batch, bounds, stride, padding); the search is
+    :func:`fusekit.gms.workloads.probe_pairs`, which gms's own ``kernel_map`` workload shares.
+    """
     import torch
+
+    from fusekit.gms.workloads import probe_pairs
 
     check_indices(indices, spatial_shape, batch_size)
     dev = indices.device
@@ -528,21 +1029,18 @@ def build_reference(
             zyx.append(rest % n)
             rest = torch.div(rest, n, rounding_mode="floor")
         out = torch.stack([rest, *reversed(zyx)], 1)
-    gathers, segments, scatters = [], [], []
-    for k in range(KERNEL_VOLUME):
-        src = out[:, 1:] * stride_t - pad_t + offsets[k]
-        inside = ((src >= 0) & (src < shape)).all(1)
-        probe = linear(torch.cat([out[:, :1], src], 1), shape)
-        at = torch.searchsorted(keys, probe).clamp(max=max(len(keys) - 1, 0))
-        hit = inside & (keys[at] == probe) if len(keys) else inside & False
-        gathers.append(order[at[hit]])
-        scatters.append(torch.nonzero(hit).flatten())
-        segments.append(torch.full((int(hit.sum()),), k, device=dev))
-    counts = torch.tensor([len(s) for s in segments], device=dev)
+    # the key each output reads through each offset, -1 outside the grid
+    src = out[:, None, 1:] * stride_t - pad_t + offsets  # [N_out, 27, 3]
+    inside = ((src >= 0) & (src < shape)).all(-1)
+    b_out = out[:, None, :1].expand(-1, KERNEL_VOLUME, 1)
+    probes = linear(torch.cat([b_out, src], -1).reshape(-1, 4), shape).reshape(-1, KERNEL_VOLUME)
+    probes = torch.where(inside, probes, -1)
+    gather, segment, scatter = probe_pairs(linear(c, shape), probes)
+    counts = torch.bincount(segment, minlength=KERNEL_VOLUME)
     return KernelMap(
-        gather=torch.cat(gathers),
-        segment=torch.cat(segments).long(),
-        scatter=torch.cat(scatters),
+        gather=gather,
+        segment=segment,
+        scatter=scatter,
         offset_ptr=torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
         n_in=int(indices.shape[0]),
         out_coords=indices if subm else out.to(torch.int32),
@@ -703,8 +1201,9 @@ def plan_kernel_map(
         TILE_ROWS,
         GMSPlan,
         OrderPlan,
-        _pack,
         default_blocks,
+        pack,
+        plan_sorted,
     )
 
     tile_rows = TILE_ROWS if tile_rows is None else tile_rows
@@ -716,8 +1215,20 @@ def plan_kernel_map(
         raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
     g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
     e = len(g)
-    if not orders and all(a is not None for a in kmap.csr):
-        return _packed_plan(kmap, g, s, d, tile_rows, blocks, schedule)
+    if not orders:
+        csr = kmap.csr if all(a is not None for a in kmap.csr) else None
+        return plan_sorted(
+            kmap.gather.cpu(),
+            kmap.segment.cpu(),
+            kmap.scatter.cpu(),
+            n_in=kmap.n_in,
+            n_out=kmap.n_out,
+            num_segments=KERNEL_VOLUME,
+            tile_rows=tile_rows,
+            blocks=blocks,
+            schedule=schedule,
+            csr=tuple(torch.from_numpy(a) for a in csr) if csr is not None else None,  # type: ignore[arg-type]
+        )
 
     none = np.empty(0, np.int64)
 
@@ -768,7 +1279,7 @@ def plan_kernel_map(
 
     base = one(g, s, d, kmap.n_in, kmap.n_out, kmap.csr)
     if not orders:
-        return _pack(base)
+        return pack(base)
     # aggregate-first: every (s, d) is one group, in the same order
     rows = np.arange(e)
     aggregate = OrderPlan(index=torch.arange(e + 1), plan=one(rows, s, d, e, kmap.n_out))
@@ -780,141 +1291,38 @@ def plan_kernel_map(
     gs = g[by_sg]
     n_in = int(gs.max()) + 1 if e else 0
     transform = OrderPlan(index=torch.from_numpy(row_of), plan=one(gs, s[by_sg], rows, n_in, e))
-    return _pack(replace(base, aggregate=aggregate, transform=transform))
+    return pack(replace(base, aggregate=aggregate, transform=transform))
 
 
 def features_of(kmap: KernelMap, k: int, m: int, dtype: torch.dtype) -> Features:
     """``fusekit.gms.features(plan, k, m, dtype, has_scale=False)`` of a map, without a plan.
 
     Equal to the planned features (tests compare them): ``V = U = E`` (every (offset, input)
-    and (offset, output) is one pair), per-offset rows are the pairs of each offset.
-    """
-    from fusekit.gms.features import DTYPE_NAMES, Features
-
-    if str(dtype) not in DTYPE_NAMES:
-        raise TypeError(expected("sparse conv", "dtype", " or ".join(DTYPE_NAMES), str(dtype)))
-    ptr = kmap.offset_ptr.tolist()
-    per_offset = tuple(b - a for a, b in itertools.pairwise(ptr))
-    dst_ptr, _, src_ptr, _ = kmap.csr
-    degree = (
-        np.diff(dst_ptr)
-        if dst_ptr is not None
-        else np.bincount(kmap.scatter.cpu().numpy(), minlength=kmap.n_out)
-    )
-    sources = (
-        np.diff(src_ptr)
-        if src_ptr is not None
-        else np.bincount(kmap.gather.cpu().numpy(), minlength=kmap.n_in)
-    )
-    e = kmap.num_pairs
-    return Features(
-        pairs=e,
-        segments=KERNEL_VOLUME,
-        n_in=kmap.n_in,
-        n_out=kmap.n_out,
-        k=k,
-        m=m,
-        dtype=DTYPE_NAMES[str(dtype)],
-        reduce="sum",
-        has_scale=False,
-        transform_rows=e,
-        aggregate_rows=e,
-        gather_rows=int((sources > 0).sum()),
-        scatter_rows=int((degree > 0).sum()),
-        max_row_pairs=int(degree.max()) if degree.size else 0,
-        segment_pairs=per_offset,
-        transform_segment_rows=per_offset,
-        aggregate_segment_rows=per_offset,
-    )
-
-
-def _packed_plan(
-    kmap: KernelMap,
-    g: np.ndarray,
-    s: np.ndarray,
-    d: np.ndarray,
-    tile_rows: int,
-    blocks: int,
-    schedule: str,
-) -> GMSPlan:
-    """:func:`plan_kernel_map` without orders, written straight into the packed buffer.
-
-    The tiles come from the runs of (offset, block) alone, found by binary search: block ``b``
-    starts at output row ``r_b`` (rows' blocks are ``floor(pairs before r * B / E)``), so run
-    ``(k, b)`` of offset ``k``'s pairs (output rows ascending) starts at
-    ``searchsorted(d[k's pairs], r_b)``: no pass over the pairs. The pairs and the CSRs are
-    copied once, by torch (in parallel), into the one int64 buffer ``GMSPlan.packed`` holds.
+    and (offset, output) is one pair), per-offset rows are the pairs of each offset
+    (:func:`fusekit.gms.features.features_of_counts`).
     """
     import torch
 
-    from fusekit.gms.problem import _MAGIC, _TENSOR_FIELDS, REDUCES, SCHEDULES, GMSPlan
+    from fusekit.gms.features import features_of_counts
 
-    e, n_in, n_out = len(g), kmap.n_in, kmap.n_out
-    dst_ptr, dst_pos, src_ptr, src_pos = kmap.csr
-    offset_ptr = kmap.offset_ptr.numpy()
-    # destination blocks and the first row of each
-    row_block = np.minimum(dst_ptr[:-1] * blocks // max(e, 1), blocks - 1)
-    first_row = np.searchsorted(row_block, np.arange(blocks + 1))
-    # run (k, b) = positions [at[k, b], at[k, b + 1]) of offset k's pairs
-    at = np.empty((KERNEL_VOLUME, blocks + 1), np.int64)
-    for k in range(KERNEL_VOLUME):
-        lo, hi = int(offset_ptr[k]), int(offset_ptr[k + 1])
-        at[k] = lo + np.searchsorted(d[lo:hi], first_row)
-        at[k, blocks] = hi
-    run_start = at[:, :-1].T.reshape(-1)  # listed by (block, offset)
-    run_len = at[:, 1:].T.reshape(-1) - run_start
-    per_run = (run_len + tile_rows - 1) // tile_rows
-    run_of_tile = np.repeat(np.arange(len(run_start)), per_run)
-    j = np.arange(len(run_of_tile)) - np.repeat(np.cumsum(per_run) - per_run, per_run)
-    tile_start = run_start[run_of_tile] + j * tile_rows
-    run_end = run_start + run_len
-    tile_end = np.minimum(tile_start + tile_rows, run_end[run_of_tile])
-    tile_segment = run_of_tile % KERNEL_VOLUME
-    tile_block = run_of_tile // KERNEL_VOLUME
-    n_tiles = len(tile_start)
-    block_ptr = np.concatenate([[0], np.cumsum(np.bincount(tile_block, minlength=blocks))])
-    if schedule == "pad":
-        item_ptr = np.arange(n_tiles + 1)
-    else:  # windows of tile_rows pairs within a block (as gms.plan's step 4)
-        rows = tile_end - tile_start
-        before = np.concatenate([[0], np.cumsum(rows)])  # pairs in the tiles before each tile
-        window = (before[:-1] - before[block_ptr[:-1]][tile_block]) // tile_rows
-        change = np.ones(n_tiles, bool)
-        change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
-        item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
-    sizes = (e, n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum"), tile_rows)
-    meta = np.array([_MAGIC, *sizes, SCHEDULES.index(schedule)])
-    parts: dict[str, np.ndarray | int] = {
-        "order": e,  # filled with arange below
-        "gather": g,
-        "segment": s,
-        "scatter": d,
-        "norm": np.empty(0, np.int64),
-        "segment_ptr": offset_ptr,
-        "tile_segment": tile_segment,
-        "tile_start": tile_start,
-        "tile_end": tile_end,
-        "block_ptr": block_ptr,
-        "item_ptr": item_ptr,
-        "dst_ptr": dst_ptr,
-        "dst_pos": dst_pos,
-        "src_ptr": src_ptr,
-        "src_pos": src_pos,
-    }
-    lengths = [8] + [v if isinstance(v, int) else len(v) for v in parts.values()]
-    lengths += [0] * (2 * (2 + len(_TENSOR_FIELDS)))  # no aggregate or transform order
-    head = [_MAGIC, len(lengths), *lengths]
-    buffer = torch.empty(len(head) + sum(lengths), dtype=torch.int64)
-    buffer[: len(head)] = torch.tensor(head)
-    cursor = len(head)
-    buffer[cursor : cursor + 8] = torch.from_numpy(meta)
-    cursor += 8
-    for value in parts.values():
-        n = value if isinstance(value, int) else len(value)
-        view = buffer[cursor : cursor + n]
-        if isinstance(value, int):
-            torch.arange(n, out=view)
-        elif n:
-            view.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.int64)))
-        cursor += n
-    return GMSPlan.from_packed(buffer)
+    ptr = kmap.offset_ptr.tolist()
+    dst_ptr, _, src_ptr, _ = kmap.csr
+    degree = (
+        torch.from_numpy(np.diff(dst_ptr))
+        if dst_ptr is not None
+        else torch.bincount(kmap.scatter.cpu(), minlength=kmap.n_out)
+    )
+    sources = (
+        torch.from_numpy(np.diff(src_ptr))
+        if src_ptr is not None
+        else torch.bincount(kmap.gather.cpu(), minlength=kmap.n_in)
+    )
+    return features_of_counts(
+        segment_pairs=tuple(b - a for a, b in itertools.pairwise(ptr)),
+        degree=degree,
+        sources=sources,
+        n_in=kmap.n_in,
+        k=k,
+        m=m,
+        dtype=dtype,
+    )
