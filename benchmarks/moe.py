@@ -33,6 +33,7 @@ and ``moe_cpu.png``.
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,21 @@ def floor_call(
 
 
 def time_impls(
-    impls: dict[str, Callable[[], object]], repeats: int, budget_s: float
+    impls: dict[str, Callable[[], object]], repeats: int, budget_s: float, passes: int = 3
 ) -> dict[str, float]:
-    """Median seconds per impl: one impl at a time, a warm-up call, then up to ``repeats``."""
-    return {
-        name: time_call(fn, repeats, max_total_s=budget_s).median_s for name, fn in impls.items()
-    }
+    """Median seconds per impl over ``passes`` interleaved passes.
+
+    Each pass times every impl in turn (a warm-up call, then up to ``repeats / passes`` calls),
+    so a change of load on the shared host hits every impl alike; the result is the median of
+    an impl's pass medians.
+    """
+    per_pass = max(1, -(-repeats // passes))
+    medians: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(passes):
+        for name, fn in impls.items():
+            timing = time_call(fn, per_pass, max_total_s=budget_s / passes)
+            medians[name].append(timing.median_s)
+    return {name: statistics.median(ms) for name, ms in medians.items()}
 
 
 def run_shape(shape: str, tokens: int, repeats: int, budget_s: float) -> list[dict[str, object]]:
