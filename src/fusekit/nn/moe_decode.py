@@ -94,6 +94,17 @@ def _swiglu_item(x, rows, w, c0, c1, act, lo):  # type: ignore[no-untyped-def]
             act[lo + r, c0 + m] = g[r, m] / (1.0 + math.exp(-g[r, m])) * u[r, m]
 
 
+@numba.njit(cache=True)
+def _item(item, chunks, hit, ptr, width):  # type: ignore[no-untyped-def]
+    """The expert, positions ``[lo, hi)`` and columns ``[c0, c1)`` of one item.
+
+    Item ``item`` is hit expert ``item // chunks``, column range ``item % chunks`` of ``width``.
+    """
+    e = hit[item // chunks]
+    c = item % chunks
+    return e, ptr[e], ptr[e + 1], c * width // chunks, (c + 1) * width // chunks
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out):  # type: ignore[no-untyped-def]
     status, ptr, token, pos = _sort_pairs(experts, w_gate_up.shape[0], max_rows)
@@ -116,18 +127,12 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
 
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):
-            e = hit[order[q] // chunks]
-            c = order[q] % chunks
-            lo, hi = ptr[e], ptr[e + 1]
-            c0, c1 = c * ffn // chunks, (c + 1) * ffn // chunks
+            e, lo, hi, c0, c1 = _item(order[q], chunks, hit, ptr, ffn)
             _swiglu_item(x, token[lo:hi], w_gate_up[e], c0, c1, act, lo)
 
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):
-            e = hit[order[q] // chunks]
-            c = order[q] % chunks
-            lo, hi = ptr[e], ptr[e + 1]
-            c0, c1 = c * hidden // chunks, (c + 1) * hidden // chunks
+            e, lo, hi, c0, c1 = _item(order[q], chunks, hit, ptr, hidden)
             acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
             rows_times_w(act, np.arange(lo, hi), w_down[e], c0, c1, acc)
             z[lo:hi, c0:c1] = acc
