@@ -23,7 +23,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -581,6 +581,36 @@ def empty_plan(
     return PlanBuffer(buffer, views)
 
 
+def empty_plan_with_tiles(
+    tiles: Mapping[str, torch.Tensor],
+    *,
+    num_pairs: int,
+    n_in: int,
+    n_out: int,
+    num_segments: int,
+    num_blocks: int,
+    tile_rows: int,
+    schedule: str,
+    device: torch.device | str = "cpu",
+) -> PlanBuffer:
+    """:func:`empty_plan` sized by ``tiles`` (:func:`tiles_of_runs`), with the tiles written."""
+    out = empty_plan(
+        num_pairs=num_pairs,
+        n_in=n_in,
+        n_out=n_out,
+        num_segments=num_segments,
+        num_tiles=len(tiles["tile_start"]),
+        num_blocks=num_blocks,
+        num_items=len(tiles["item_ptr"]) - 1,
+        tile_rows=tile_rows,
+        schedule=schedule,
+        device=device,
+    )
+    for name, value in tiles.items():
+        out.views[name].copy_(value)
+    return out
+
+
 def block_rows(dst_ptr: torch.Tensor, blocks: int) -> torch.Tensor:
     r"""The first output row of each destination block, ``[B + 1]`` (the last is ``N_out``).
 
@@ -720,21 +750,19 @@ def plan_sorted(
     for seg in range(num_segments):
         lo, hi = int(segment_ptr[seg]), int(segment_ptr[seg + 1])
         run_ptr[seg] = lo + torch.searchsorted(d[lo:hi], first_row)
-    tiles = tiles_of_runs(run_ptr, tile_rows, schedule)
-    out = empty_plan(
+    out = empty_plan_with_tiles(
+        tiles_of_runs(run_ptr, tile_rows, schedule),
         num_pairs=e,
         n_in=n_in,
         n_out=n_out,
         num_segments=num_segments,
-        num_tiles=len(tiles["tile_start"]),
         num_blocks=blocks,
-        num_items=len(tiles["item_ptr"]) - 1,
         tile_rows=tile_rows,
         schedule=schedule,
         device=g.device,
     )
     torch.arange(e, out=out.views["order"])
-    values = {"gather": g, "segment": s, "scatter": d, "segment_ptr": segment_ptr, **tiles}
+    values = {"gather": g, "segment": s, "scatter": d, "segment_ptr": segment_ptr}
     values |= {"dst_ptr": dst_ptr, "dst_pos": dst_pos, "src_ptr": src_ptr, "src_pos": src_pos}
     for name, value in values.items():
         out.views[name].copy_(value)

@@ -703,29 +703,25 @@ class Hits:
         """
         import torch
 
-        from fusekit.gms.problem import block_rows, empty_plan, tiles_of_runs
+        from fusekit.gms.problem import block_rows, empty_plan_with_tiles, tiles_of_runs
 
         e, n_out = self.num_pairs, self.mask.shape[0]
         first_row = block_rows(torch.from_numpy(self.dst_ptr), blocks).numpy()
         before = np.zeros((self.counts.shape[0] + 1, KERNEL_VOLUME), np.int64)
         np.cumsum(self.counts, 0, out=before[1:])
         run_ptr = _run_ptr(first_row, before, self.mask, self.offset_ptr)
-        tiles = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule)
-        out = empty_plan(
+        out = empty_plan_with_tiles(
+            tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule),
             num_pairs=e,
             n_in=self.n_in,
             n_out=n_out,
             num_segments=KERNEL_VOLUME,
-            num_tiles=len(tiles["tile_start"]),
             num_blocks=blocks,
-            num_items=len(tiles["item_ptr"]) - 1,
             tile_rows=tile_rows,
             schedule=schedule,
         )
         self._write({n: v.numpy() for n, v in out.views.items()})
         out.views["segment_ptr"].copy_(torch.from_numpy(self.offset_ptr))
-        for name, value in tiles.items():
-            out.views[name].copy_(value)
         plan = out.plan()
         kmap = self._kernel_map(plan.gather, plan.segment, plan.scatter, csr=(None,) * 4)
         return kmap, plan
