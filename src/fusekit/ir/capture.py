@@ -101,6 +101,11 @@ class Capture:
             ValueError: if the number of tensor arguments differs from the graph's inputs.
         """
         import torch
+
+        inputs = self.graph.inputs
+        if len(args) == len(inputs) and all(isinstance(a, torch.Tensor) for a in args):
+            # every argument a tensor: no argument tree to flatten (a dozen microseconds a call)
+            return {**dict(zip(inputs, args, strict=True)), **self.constants}
         from torch.utils._pytree import tree_leaves
 
         leaves = [x for x in tree_leaves(args) if isinstance(x, torch.Tensor)]

@@ -31,10 +31,7 @@ if TYPE_CHECKING:
 
 
 def _plain_vars(acc: Access) -> tuple[str, ...] | None:
-    names = [t.name for t in acc.indices if isinstance(t, IVar)]
-    if len(names) != len(acc.indices) or len(set(names)) != len(names):
-        return None
-    return tuple(names)
+    return tuple(t.name for t in acc.indices if isinstance(t, IVar)) if acc.is_plain else None
 
 
 class AtenContraction:

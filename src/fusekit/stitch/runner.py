@@ -124,8 +124,8 @@ class TimedChoice:
 
 
 def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
+    name = next(iter(group.ops)) if len(group.ops) == 1 else None  # a group of one op
     if group.layout is None:
-        (name,) = group.ops if len(group.ops) == 1 else (None,)
         if name is not None and classify(graph.op(name)) is OpClass.GEMM:
             try:
                 return AtenContraction(graph, name)
@@ -152,8 +152,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
             return LayoutViews(graph, group.layout, kernel)
         except ValueError:
             pass
-    if len(group.ops) == 1:
-        (name,) = group.ops
+    if name is not None:
         try:
             return TimedChoice({"stitched": kernel, "aten": AtenReduction(graph, name)})
         except ValueError:
@@ -188,10 +187,8 @@ class PlannedGraph:
                 raise ValueError(expected("stitch", name, "given", "missing"))
             t = self.graph.tensor(name)
             got = values[name]
-            if got.shape == t.shape and self._dtypes.get(name) is got.dtype:
-                continue
-            dtype = str(got.dtype).removeprefix("torch.")
-            if tuple(got.shape) != t.shape or dtype != t.dtype:
+            if got.shape != t.shape or got.dtype is not self._dtypes[name]:
+                dtype = str(got.dtype).removeprefix("torch.")
                 raise ValueError(
                     expected("stitch", name, f"{t.dtype}{list(t.shape)} as planned",
                              f"{dtype}{list(got.shape)}; plan again for new shapes")
@@ -241,17 +238,8 @@ class Stitched:
 
     def __call__(self, *args: Any) -> Any:
         """The model's outputs (one tensor, or a tuple as the graph returns several)."""
-        import torch
-
         cap, planned = self.prepare(*args)
-        inputs = cap.graph.inputs
-        if len(args) == len(inputs) and all(isinstance(a, torch.Tensor) for a in args):
-            # every argument a tensor, in the graph's input order: what Capture.values binds
-            # without flattening the argument tree (a dozen microseconds a call)
-            values = {**dict(zip(inputs, args, strict=True)), **cap.constants}
-        else:
-            values = cap.values(*args)
-        out = planned.run(values)
+        out = planned.run(cap.values(*args))
         outs = tuple(out[name] for name in cap.graph.outputs)
         return outs[0] if len(outs) == 1 else outs
 
