@@ -458,23 +458,22 @@ class CpuKernel:
 
     def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
         import numpy as np
+        import torch
 
         emitter = _Emitter(graph, layout)
         self.source, _, _ = emitter.kernel()
         self.layout = layout
-        self.partials = emitter.partials
-        self.shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
-        self.dtypes = {t: np.dtype(graph.tensor(t).dtype) for t in layout.outputs}
+        shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         moved = sum(
-            math.prod(self.shapes[t]) * np.dtype(graph.tensor(t).dtype).itemsize
+            math.prod(shapes[t]) * np.dtype(graph.tensor(t).dtype).itemsize
             for t in (*layout.inputs, *layout.outputs)
         )
         self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial
         # what a call needs, precomputed: a call costs microseconds of Python around the kernel
         self._rows = layout.rows
-        self._ins = [(t, graph.tensor(t).dtype) for t in layout.inputs]
-        self._outs = [(t, self.shapes[t], graph.tensor(t).dtype) for t in layout.outputs]
-        self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in self.partials]
+        self._ins = [(t, getattr(torch, graph.tensor(t).dtype)) for t in layout.inputs]
+        self._outs = [(t, shapes[t], getattr(torch, graph.tensor(t).dtype)) for t in layout.outputs]
+        self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in emitter.partials]
         self._fn: Callable[..., Any] | None = None
         self.interleave = interleave_count(graph, layout)
         self._trips = [layout.extents[d] for d in layout.inner_dims]
@@ -491,7 +490,7 @@ class CpuKernel:
         # the kernel takes data addresses: inputs made contiguous (a copy only when they are
         # not), outputs allocated by torch in their shapes; the tensors outlive the call
         ins = [_contiguous_cpu(values[t], t, dtype) for t, dtype in self._ins]
-        out = {t: torch.empty(shape, dtype=getattr(torch, dtype)) for t, shape, dtype in self._outs}
+        out = {t: torch.empty(shape, dtype=dtype) for t, shape, dtype in self._outs}
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
         addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
@@ -503,14 +502,15 @@ class CpuKernel:
         return out
 
 
-def _contiguous_cpu(t: torch.Tensor, name: str, dtype: str) -> torch.Tensor:
+def _contiguous_cpu(t: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
     """``t`` itself when it is a contiguous CPU tensor, else a contiguous copy.
 
     Raises:
         ValueError: for a tensor off the CPU or of another dtype than planned (the kernel reads
             raw memory).
     """
-    if not t.is_cpu or str(t.dtype) != f"torch.{dtype}":
+    if not t.is_cpu or t.dtype is not dtype:
         got = f"{str(t.dtype).removeprefix('torch.')} on {t.device}"
-        raise ValueError(expected("stitch", name, f"a {dtype} CPU tensor", got))
+        want = str(dtype).removeprefix("torch.")
+        raise ValueError(expected("stitch", name, f"a {want} CPU tensor", got))
     return t if t.is_contiguous() else t.contiguous()
