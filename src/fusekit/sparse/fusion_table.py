@@ -131,7 +131,6 @@ def unify(
         variables in dataflow order.
     """
     sts = [st for st in program.statements if st.out in region]
-    names = {st.out for st in sts}
     rename: dict[str, dict[str, str]] = {}
     rows: list[str] = []
     used: set[str] = set()
@@ -164,7 +163,6 @@ def unify(
             else:
                 rows.insert(cursor, mapping[v])
                 cursor += 1
-    del names
     return rename, rows
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fusekit.errors import expected
-from fusekit.sparse.formats import SparseTensor, from_dense
+from fusekit.sparse.formats import SparseTensor
 
 #: Element-wise ALU functions of the machine.
 UNARY: Mapping[str, Any] = {
@@ -307,8 +307,3 @@ def _einsum_statement(
     if st.epilogue:
         value = np.where(mask, UNARY[st.epilogue](value), 0.0)
     return np.where(mask, value, 0.0), mask
-
-
-def dense_input(name: str, array: Any) -> SparseTensor:
-    """A dense stored tensor (shorthand for :func:`~fusekit.sparse.formats.from_dense`)."""
-    return from_dense(name, np.asarray(array))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fusekit.sparse.candidates import Patterns, enumerate_schedules, regions_of
+from fusekit.sparse.candidates import Patterns, enumerate_schedules
 from fusekit.sparse.machine import Machine
 from fusekit.sparse.model import Estimate, Statistics, estimate, estimate_region
 from fusekit.sparse.program import reference
@@ -146,8 +146,3 @@ def explore(
         log.info("%s: %s -> %.0f cycles (%.2f s)", workload.name, s.label(), r.cycles, elapsed)
         points.append(Point(s, e, r, ok, elapsed))
     return Exploration(workload.name, tuple(points), len(schedules))
-
-
-def cut_regions(workload: Workload, cut: str) -> tuple[tuple[str, ...], ...]:
-    """The regions of one cut (re-exported for the commands)."""
-    return regions_of(workload, cut)

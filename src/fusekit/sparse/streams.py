@@ -95,12 +95,6 @@ class Trace:
         return w
 
 
-def _ancestor(parents: list[np.ndarray], points: np.ndarray, src: int, dst: int) -> np.ndarray:
-    for t in range(src, dst, -1):
-        points = parents[t][points]
-    return points
-
-
 class _Operand:
     """The evaluation state of one operand: its tensor, the level reached, its references."""
 
