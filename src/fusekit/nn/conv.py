@@ -25,6 +25,7 @@ features per coordinate are equal).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
@@ -92,6 +93,14 @@ class ConvMap:
         return plan, cfg
 
 
+@functools.cache
+def _h100() -> Any:
+    """The H100 preset that describes a CUDA device (read from its YAML once per process)."""
+    from fusekit.hw import load
+
+    return load("h100")
+
+
 def choose(features: Features, device: torch.device, strategy: str = "auto") -> Config:
     """The gms selector's configuration for a map's features (``select(features, target)``).
 
@@ -103,10 +112,9 @@ def choose(features: Features, device: torch.device, strategy: str = "auto") -> 
     """
     from fusekit.gms.candidates import Order, Strategy
     from fusekit.gms.selector import select
-    from fusekit.hw import load
 
     # a CUDA device is described by the H100 preset; the CPU by its (once per process) detection
-    target: Any = load("h100") if device.type == "cuda" else local_target(device)
+    target: Any = _h100() if device.type == "cuda" else local_target(device)
     cfg = select(features, target).config
     if strategy != "auto":
         cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))

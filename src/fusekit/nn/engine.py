@@ -33,14 +33,16 @@ log = logging.getLogger(__name__)
 TRAINING_STRATEGY = "G-Mseg-S"
 
 
-def strategy_for(strategy: str, *tensors: torch.Tensor | None) -> str:
-    """``strategy``, or :data:`TRAINING_STRATEGY` for ``"auto"`` when autograd records."""
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records a call on ``tensors`` (``None`` entries are skipped)."""
     import torch
 
-    if strategy == "auto" and torch.is_grad_enabled():
-        if any(t is not None and t.requires_grad for t in tensors):
-            return TRAINING_STRATEGY
-    return strategy
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def strategy_for(strategy: str, *tensors: torch.Tensor | None) -> str:
+    """``strategy``, or :data:`TRAINING_STRATEGY` for ``"auto"`` when autograd records."""
+    return TRAINING_STRATEGY if strategy == "auto" and needs_grad(*tensors) else strategy
 
 
 @dataclass(frozen=True, slots=True, eq=False)

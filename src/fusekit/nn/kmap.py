@@ -495,15 +495,6 @@ def _write_pairs(  # type: ignore[no-untyped-def]
                     src_pos[src_ptr[i] + _popcount(mask[i] >> (KERNEL_VOLUME - k))] = p
 
 
-@numba.njit(cache=True)
-def _sources(hits, n_in):  # type: ignore[no-untyped-def]
-    """``[N_in]`` pairs of each input (a bincount)."""
-    out = np.zeros(n_in, np.int64)
-    for h in range(hits.shape[0]):
-        out[hits[h]] += 1
-    return out
-
-
 @numba.njit(cache=True)  # serial: less than a parallel launch costs on a busy host
 def _compact_hits(spread, stride, hit_ptr):  # type: ignore[no-untyped-def]
     """Chunk ``c``'s hits, ``spread[c * stride :]``, moved to ``[hit_ptr[c], hit_ptr[c + 1])``."""
@@ -628,7 +619,7 @@ class Hits:
         from fusekit.gms.features import features_of_counts
 
         degree = np.diff(self.dst_ptr)
-        sources = None if self.subm else _sources(self.hits, self.n_in)
+        sources = None if self.subm else np.bincount(self.hits, minlength=self.n_in)
         return features_of_counts(
             segment_pairs=tuple(int(n) for n in self.counts.sum(0)),
             degree=degree,

@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fusekit.errors import expected
-from fusekit.nn.engine import prepare
+from fusekit.nn.engine import needs_grad, prepare
 from fusekit.nn.moe_decode import decode_applies, experts_decode
 
 
@@ -133,7 +133,7 @@ class MoE(nn.Module):
     ) -> torch.Tensor:
         """The expert half: ``y[t] = sum_j weights[t, j] * SwiGLU_{experts[t, j]}(x[t])``."""
         if self.strategy == "auto":
-            if not _needs_grad(x, self.w_gate_up, self.w_down, weights) and decode_applies(
+            if not needs_grad(x, self.w_gate_up, self.w_down, weights) and decode_applies(
                 x, experts, self.num_experts
             ):
                 y = experts_decode(x, experts, weights, self.w_gate_up, self.w_down)
@@ -238,10 +238,6 @@ class ExpertSegments:
         token_pos[order] = torch.arange(order.numel(), device=flat.device)
         token_ptr = torch.arange(0, tokens * k + 1, k, device=flat.device)
         return cls(order, order // k, segment_ptr, token_ptr, token_pos, num_experts)
-
-
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
