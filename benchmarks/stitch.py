@@ -40,6 +40,7 @@ from typing import Any
 import numba
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from fusekit.hw import CPUTarget, detect
 from fusekit.report.records import run_metadata, write_results
@@ -52,14 +53,9 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expan
 
 
 def _tensor_bytes(tree: Any) -> int:
-    leaves = tree if isinstance(tree, list | tuple) else [tree]
-    total = 0
-    for x in leaves:
-        if isinstance(x, list | tuple):
-            total += _tensor_bytes(x)
-        elif isinstance(x, torch.Tensor):
-            total += x.numel() * x.element_size()
-    return total
+    return sum(
+        x.numel() * x.element_size() for x in tree_leaves(tree) if isinstance(x, torch.Tensor)
+    )
 
 
 class _CountOps(TorchDispatchMode):

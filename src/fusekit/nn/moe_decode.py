@@ -36,7 +36,13 @@ from numba import prange
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
-from fusekit.gms.kernels.cpu.skinny import balanced_chunks, item_cost, lpt_schedule, rows_times_w
+from fusekit.gms.kernels.cpu.skinny import (
+    balanced_chunks,
+    item_cost,
+    lpt_schedule,
+    rows_times_w,
+    segment_block,
+)
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 
 #: Most pairs one expert may receive on this path: up to 64 the fused call beats the general
@@ -133,9 +139,7 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):
             e, lo, hi, c0, c1 = _item(order[q], chunks, hit, ptr, hidden)
-            acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-            rows_times_w(act, np.arange(lo, hi), w_down[e], c0, c1, acc)
-            z[lo:hi, c0:c1] = acc
+            segment_block(act, w_down[e], lo, hi, c0, c1, z)
 
     for t in prange(tokens):
         q = pos[t * k]

@@ -97,6 +97,14 @@ def rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
         k += 1
 
 
+@numba.njit(cache=True, fastmath=FASTMATH)
+def segment_block(a, w, lo, hi, c0, c1, out):  # type: ignore[no-untyped-def]
+    """``out[lo:hi, c0:c1] = a[lo:hi] @ w[:, c0:c1]`` (one item of a segment GEMM)."""
+    acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
+    rows_times_w(a, np.arange(lo, hi), w, c0, c1, acc)
+    out[lo:hi, c0:c1] = acc
+
+
 #: Rows at which an item's FMAs take as long as streaming its ``w`` (fp32: 4 bytes per ``w``
 #: element at about 20 GB/s against ``2 x rows`` FLOPs at about 65 GFLOP/s, 2 cores): the
 #: ``ROWS_AT_BALANCE`` of :func:`item_cost`.
@@ -154,11 +162,7 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # typ
             c = item % chunks
             c0 = c * cols // chunks
             c1 = (c + 1) * cols // chunks
-            lo = bounds[s]
-            hi = bounds[s + 1]
-            acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-            rows_times_w(a, np.arange(lo, hi), w[s], c0, c1, acc)
-            out[lo:hi, c0:c1] = acc
+            segment_block(a, w[s], bounds[s], bounds[s + 1], c0, c1, out)
 
 
 @numba.njit(cache=True)
