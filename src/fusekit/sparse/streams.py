@@ -19,6 +19,7 @@ fiber and the done token.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -294,17 +295,14 @@ def _expand_level(
                 )
         return owner, crd
     keys = [f[0] * extent + f[1] for f in fibers]
-    if len(fibers) == 1:
-        merged = keys[0]
-    else:
-        merged = keys[0]
-        for k in keys[1:]:
-            merged = (
-                np.union1d(merged, k) if union else np.intersect1d(merged, k, assume_unique=True)
-            )
-        joined = keys[0]
-        for k in keys[1:]:
-            joined = np.union1d(joined, k)
+    merged = keys[0]
+    if len(fibers) > 1:
+        joined = functools.reduce(np.union1d, keys)  # every coordinate a merger compares
+        if union:
+            merged = joined
+        else:
+            for k in keys[1:]:
+                merged = np.intersect1d(merged, k, assume_unique=True)
         kind = "unioner" if union else "intersecter"
         prims.append(Prim(f"{kind} {v}", kind, t - 1, _per_parent(joined // extent, n), False, v))
     owner, crd = merged // extent, merged % extent
