@@ -32,11 +32,11 @@ from pathlib import Path
 
 from fusekit.report.records import run_metadata, write_results
 from fusekit.sparse.machine import Machine
+from fusekit.sparse.schedule import CUTS
 from fusekit.sparse.search import explore
 from fusekit.sparse.simulate import simulate
 from fusekit.sparse.workloads import Workload, autoencoder, bigbird, gcn, graphsage
 
-CUTS = ("unfused", "partial", "full")
 HEADS = 12
 #: FuseFlow's published ranges, for comparison only (not used by any model).
 PAPER = {
@@ -60,6 +60,9 @@ def cut_records(w: Workload, machine: Machine) -> tuple[list[dict], object]:
     ex = explore(w, machine, top=3)
     wall_s = time.perf_counter() - start
     unfused = ex.best("unfused").result
+    simulated = ex.simulated
+    all_equal = all(q.correct for q in simulated)
+    rank = ex.estimator_rank_of_best()
     records = []
     for cut in CUTS:
         p = ex.best(cut)
@@ -79,10 +82,10 @@ def cut_records(w: Workload, machine: Machine) -> tuple[list[dict], object]:
                 "ops_vs_unfused": r.flops / unfused.flops,
                 "estimate_cycles": p.estimate.cycles,
                 "equals_reference": p.correct,
-                "all_simulated_equal_reference": all(q.correct for q in ex.simulated),
-                "estimator_rank_of_best": ex.estimator_rank_of_best(),
+                "all_simulated_equal_reference": all_equal,
+                "estimator_rank_of_best": rank,
                 "candidates": ex.candidates,
-                "simulated": len(ex.simulated),
+                "simulated": len(simulated),
                 "explore_wall_s": wall_s,
                 "notes": w.notes,
             }

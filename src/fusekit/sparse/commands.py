@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from fusekit.console import print_json, print_table
+from fusekit.sparse.schedule import CUTS
 
 app = typer.Typer(
     help="Sparse models (GCN, GraphSAGE, sparse autoencoder, BigBird attention) on a streaming "
@@ -177,7 +178,7 @@ def explore(
         ],
     )
     unfused = ex.best("unfused").result
-    best = {c: ex.best(c).result for c in ("unfused", "partial", "full")}
+    best = {c: ex.best(c).result for c in CUTS}
     if unfused is not None and all(r is not None for r in best.values()):
         print_table(
             "Best per cut",
@@ -205,12 +206,11 @@ def plot_exploration(path: Path, ex: Any) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    cuts = ("unfused", "partial", "full")
-    best = [ex.best(c).result.cycles for c in cuts]
-    a.bar(cuts, best, color=("#888", "#4a7", "#47a"))
+    best = [ex.best(c).result.cycles for c in CUTS]
+    a.bar(CUTS, best, color=("#888", "#4a7", "#47a"))
     a.set_ylabel("cycles (best schedule)")
     a.set_title(ex.workload)
-    for c, marker in zip(cuts, "os^", strict=True):
+    for c, marker in zip(CUTS, "os^", strict=True):
         pts = [p for p in ex.simulated if p.schedule.cut == c]
         b.scatter(
             [p.estimate.cycles for p in pts], [p.result.cycles for p in pts], marker=marker, label=c

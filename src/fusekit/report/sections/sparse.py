@@ -14,7 +14,8 @@ def _figure(rows: list[dict[str, object]]) -> Figure:
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     names = sorted({str(r["workload"]) for r in rows})
-    cuts = ("unfused", "partial", "full")
+    from fusekit.sparse.schedule import CUTS as cuts
+
     width = 0.25
     for k, cut in enumerate(cuts):
         speed = [
@@ -40,6 +41,7 @@ def _figure(rows: list[dict[str, object]]) -> Figure:
 def build(options: TourOptions) -> Section:
     """The sparse section: GCN on Cora and a small BigBird attention, best schedule per cut."""
     from fusekit.sparse.fusion_table import fusion_table
+    from fusekit.sparse.schedule import CUTS
     from fusekit.sparse.search import explore
     from fusekit.sparse.workloads import bigbird, gcn
 
@@ -49,7 +51,7 @@ def build(options: TourOptions) -> Section:
         ex = explore(w, top=1)
         unfused = ex.best("unfused").result
         assert unfused is not None
-        for cut in ("unfused", "partial", "full"):
+        for cut in CUTS:
             p = ex.best(cut)
             assert p.result is not None
             rows.append(
