@@ -68,9 +68,6 @@ def tour(
     seed: Annotated[int, typer.Option(help="Seed of every random workload.")] = 0,
 ) -> None:
     """Run every part that exists on small built-in defaults and write an HTML report."""
-    # numba's and torch's OpenMP pools take turns in the stitch section: passive waiting keeps a
-    # spinning pool from starving the other (must be set before torch starts its pool)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fusekit.report.tour import TourOptions, available_sections, run_tour
 
     total = len(available_sections())

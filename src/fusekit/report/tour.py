@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusekit.report.document import Section, Text
+
+# numba's and torch's OpenMP pools take turns in the stitch section: passive waiting keeps a
+# spinning pool from starving the other. Set when the tour is imported, before any section
+# starts torch's pool (an explicit value is kept), as fusekit.stitch.runner does.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from fusekit.report.html import write_report
 
 log = logging.getLogger(__name__)
