@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -1060,99 +1061,6 @@ def _counting_order(keys, n_keys):  # type: ignore[no-untyped-def]
     return ptr, pos
 
 
-@numba.njit(cache=True)
-def _plan_sorted(  # type: ignore[no-untyped-def]
-    g, s, d, n_in, n_out, n_segments, tile_rows, blocks, pack, dst_ptr, dst_pos, src_ptr, src_pos
-):
-    """The arrays of ``fusekit.gms.plan`` for pairs already in plan order (see ``_plan``).
-
-    CSRs given empty are computed (counting sorts). Returns ``ok = False`` when the pairs are not
-    sorted by (segment, block, scatter row).
-    """
-    e = g.shape[0]
-    if dst_ptr.shape[0] == 0:
-        dst_ptr, dst_pos = _counting_order(d, n_out)
-    if src_ptr.shape[0] == 0:
-        src_ptr, src_pos = _counting_order(g, n_in)
-    # 1. destination blocks: block of row r = floor(pairs before r * B / E)
-    row_block = np.empty(n_out, np.int64)
-    for r in range(n_out):
-        row_block[r] = min(dst_ptr[r] * blocks // max(e, 1), blocks - 1)
-    # 2. the identity must be the (segment, block, row) order
-    ok = True
-    for p in range(1, e):
-        if s[p - 1] != s[p]:
-            ok &= s[p - 1] < s[p]
-        elif row_block[d[p - 1]] != row_block[d[p]]:
-            ok &= row_block[d[p - 1]] < row_block[d[p]]
-        else:
-            ok &= d[p - 1] <= d[p]
-    segment_ptr = _ptr(np.bincount(s, minlength=n_segments))
-    # 3. tiles of every (segment, block) run, in position order, then stably by block
-    n_tiles = 0
-    p = 0
-    while p < e:
-        q = p + 1
-        while q < e and s[q] == s[p] and row_block[d[q]] == row_block[d[p]]:
-            q += 1
-        n_tiles += (q - p + tile_rows - 1) // tile_rows
-        p = q
-    tile_start = np.empty(n_tiles, np.int64)
-    tile_end = np.empty(n_tiles, np.int64)
-    tile_block = np.empty(n_tiles, np.int64)
-    t = 0
-    p = 0
-    while p < e:
-        q = p + 1
-        while q < e and s[q] == s[p] and row_block[d[q]] == row_block[d[p]]:
-            q += 1
-        for lo in range(p, q, tile_rows):
-            tile_start[t] = lo
-            tile_end[t] = min(lo + tile_rows, q)
-            tile_block[t] = row_block[d[p]]
-            t += 1
-        p = q
-    block_ptr, by_block = _counting_order(tile_block, blocks)
-    tile_start = tile_start[by_block]
-    tile_end = tile_end[by_block]
-    tile_block = tile_block[by_block]
-    tile_segment = np.empty(n_tiles, np.int64)
-    for t in range(n_tiles):
-        tile_segment[t] = s[tile_start[t]]
-    # 4. work items: pad = one tile each; pack = tiles of a block in windows of tile_rows pairs
-    if not pack:
-        item_ptr = np.arange(n_tiles + 1)
-    else:
-        starts = np.empty(n_tiles + 1, np.int64)
-        n_items = 0
-        before = 0
-        last_window = -1
-        for t in range(n_tiles):
-            if t == 0 or tile_block[t] != tile_block[t - 1]:
-                before = 0
-            window = before // tile_rows
-            if t == 0 or tile_block[t] != tile_block[t - 1] or window != last_window:
-                starts[n_items] = t
-                n_items += 1
-            last_window = window
-            before += tile_end[t] - tile_start[t]
-        starts[n_items] = n_tiles
-        item_ptr = starts[: n_items + 1].copy()
-    return (
-        ok,
-        segment_ptr,
-        tile_segment,
-        tile_start,
-        tile_end,
-        block_ptr,
-        item_ptr,
-        dst_ptr,
-        dst_pos,
-        src_ptr,
-        src_pos,
-    )
-
-
 def plan_kernel_map(
     kmap: KernelMap,
     tile_rows: int | None = None,
@@ -1160,12 +1068,13 @@ def plan_kernel_map(
     schedule: str = "pad",
     orders: bool = False,
 ) -> GMSPlan:
-    """The :func:`fusekit.gms.plan` of a kernel map, equal field by field, in O(E) passes.
+    """The :func:`fusekit.gms.plan` of a kernel map, equal field by field, without sorting.
 
     A map's pairs come sorted by (offset, output row), which is already the plan's order
-    (destination blocks are ranges of output rows), so the sorts become counting passes; and
-    every (offset, input) and (offset, output) is one pair, so the transform-first and
-    aggregate-first orders have ``E`` rows each and keep the pairwise order.
+    (destination blocks are ranges of output rows), so each plan is
+    :func:`fusekit.gms.problem.plan_sorted` of its pairs; and every (offset, input) and
+    (offset, output) is one pair, so the transform-first and aggregate-first orders have ``E``
+    rows each and their pairs are sorted by (offset, row) as well.
 
     Args:
         kmap: a map from :func:`build`.
@@ -1183,10 +1092,8 @@ def plan_kernel_map(
     import torch
 
     from fusekit.gms.problem import (
-        REDUCES,
         SCHEDULES,
         TILE_ROWS,
-        GMSPlan,
         OrderPlan,
         default_blocks,
         pack,
@@ -1200,84 +1107,48 @@ def plan_kernel_map(
             raise ValueError(expected("plan_kernel_map", name, "a positive int", value))
     if schedule not in SCHEDULES:
         raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
-    g, s, d = (t.cpu().numpy() for t in (kmap.gather, kmap.segment, kmap.scatter))
-    e = len(g)
-    if not orders:
-        csr = kmap.csr if all(a is not None for a in kmap.csr) else None
-        return plan_sorted(
-            kmap.gather.cpu(),
-            kmap.segment.cpu(),
-            kmap.scatter.cpu(),
+    plan_pairs = partial(
+        plan_sorted,
+        num_segments=KERNEL_VOLUME,
+        tile_rows=tile_rows,
+        blocks=blocks,
+        schedule=schedule,
+    )
+    g, s, d = (t.cpu() for t in (kmap.gather, kmap.segment, kmap.scatter))
+    csr = kmap.csr if all(a is not None for a in kmap.csr) else None
+    try:
+        base = plan_pairs(
+            g,
+            s,
+            d,
             n_in=kmap.n_in,
             n_out=kmap.n_out,
-            num_segments=KERNEL_VOLUME,
-            tile_rows=tile_rows,
-            blocks=blocks,
-            schedule=schedule,
             csr=tuple(torch.from_numpy(a) for a in csr) if csr is not None else None,  # type: ignore[arg-type]
         )
-
-    none = np.empty(0, np.int64)
-
-    def one(
-        gather: np.ndarray,
-        segment: np.ndarray,
-        scatter: np.ndarray,
-        n_in: int,
-        n_out: int,
-        csr: tuple[Any, ...] = (None,) * 4,
-    ) -> GMSPlan:
-        ok, *arrays = _plan_sorted(
-            gather,
-            segment,
-            scatter,
-            n_in,
-            n_out,
-            KERNEL_VOLUME,
-            tile_rows,
-            blocks,
-            schedule == "pack",
-            *(none if a is None else a for a in csr),
-        )
-        if not ok:
-            raise ValueError(
-                expected("plan_kernel_map", "kmap", "pairs sorted by (offset, output)", "not")
-            )
-        names = ("segment_ptr", "tile_segment", "tile_start", "tile_end", "block_ptr")
-        names += ("item_ptr", "dst_ptr", "dst_pos", "src_ptr", "src_pos")
-        meta = [0x676D73, len(gather), n_in, n_out, KERNEL_VOLUME, REDUCES.index("sum")]
-        meta += [tile_rows, SCHEDULES.index(schedule)]
-        return GMSPlan(
-            num_pairs=len(gather),
-            n_in=n_in,
-            n_out=n_out,
-            num_segments=KERNEL_VOLUME,
-            reduce="sum",
-            tile_rows=tile_rows,
-            schedule=schedule,
-            meta=torch.tensor(meta, dtype=torch.int64),
-            order=torch.arange(len(gather)),
-            gather=torch.from_numpy(gather),
-            segment=torch.from_numpy(segment),
-            scatter=torch.from_numpy(scatter),
-            norm=torch.empty(0, dtype=torch.float64),
-            **{n: torch.from_numpy(a) for n, a in zip(names, arrays, strict=True)},
-        )
-
-    base = one(g, s, d, kmap.n_in, kmap.n_out, kmap.csr)
+    except ValueError as err:
+        if not orders:
+            raise
+        raise ValueError(expected("plan_kernel_map", "kmap", "a map in plan order", err)) from err
     if not orders:
-        return pack(base)
+        return base
+    e = base.num_pairs
+    rows = torch.arange(e)
     # aggregate-first: every (s, d) is one group, in the same order
-    rows = np.arange(e)
-    aggregate = OrderPlan(index=torch.arange(e + 1), plan=one(rows, s, d, e, kmap.n_out))
-    # transform-first: the distinct (s, g) rows sorted by (s, g); pair p reads row row_of[p]
-    _, by_g = _counting_order(g, kmap.n_in)
-    by_sg = by_g[_counting_order(s[by_g], KERNEL_VOLUME)[1]]
-    row_of = np.empty(e, np.int64)
+    aggregate = OrderPlan(
+        index=torch.arange(e + 1),
+        plan=plan_pairs(rows, s, d, n_in=e, n_out=kmap.n_out),
+    )
+    # transform-first: the distinct (s, g) rows sorted by (s, g); pair p reads row row_of[p].
+    # src_pos is the stable argsort by g, so a stable sort by s gives (s, g) order.
+    by_sg = base.src_pos[torch.sort(s[base.src_pos], stable=True).indices]
+    row_of = torch.empty(e, dtype=torch.int64)
     row_of[by_sg] = rows
     gs = g[by_sg]
     n_in = int(gs.max()) + 1 if e else 0
-    transform = OrderPlan(index=torch.from_numpy(row_of), plan=one(gs, s[by_sg], rows, n_in, e))
+    transform = OrderPlan(
+        index=row_of,
+        plan=plan_pairs(gs, s[by_sg], rows, n_in=n_in, n_out=e),
+    )
     return pack(replace(base, aggregate=aggregate, transform=transform))
 
 
