@@ -75,7 +75,17 @@ class AtenContraction:
             f"{spell(letters[v] for v in va)},{spell(letters[v] for v in vb)}"
             f"->{spell(letters[v] for v in vo)}"
         )
-        self.bias_view = self._bias_view(vo, vc) if self.bias is not None else None
+        # the addend broadcast over the output: its dims permuted into output order, then
+        # reshaped with ones where the output has dims it lacks
+        dims = tuple(vo.index(v) for v in vc)
+        self.bias_perm = (
+            None
+            if list(dims) == sorted(dims)
+            else tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
+        )
+        self.bias_shape = tuple(
+            self.out_shape[d] if d in dims else 1 for d in range(len(self.out_shape))
+        )
         # linear: A[..., l] W[k, l] (+ b[k]) -> Y[..., k]
         self.linear = (
             len(reduced) == 1 and va[-1] in reduced and len(vb) == 2 and vb[1] == va[-1]
@@ -90,11 +100,6 @@ class AtenContraction:
             if sorted(va) == sorted(want_a) and sorted(vb) == sorted(want_b):
                 self.perm_a = tuple(va.index(v) for v in want_a)
                 self.perm_b = tuple(vb.index(v) for v in want_b)
-
-    @staticmethod
-    def _bias_view(vo: tuple[str, ...], vc: tuple[str, ...]) -> tuple[tuple[int, ...], bool]:
-        """The addend's broadcast over the output: (dims of ``vo`` it covers, in order?)."""
-        return tuple(vo.index(v) for v in vc), list(vc) == [v for v in vo if v in vc]
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{name: Y}`` from the values of the operands."""
@@ -115,15 +120,9 @@ class AtenContraction:
         return {self.name: y.contiguous()}
 
     def _broadcast(self, c: torch.Tensor) -> torch.Tensor:
-        if self.bias_view is None:
-            raise ValueError(f"stitch: {self.name} has no addend")
-        dims, ordered = self.bias_view
-        if not ordered:
-            c = c.permute(sorted(range(len(dims)), key=lambda i: dims[i]))
-        shape = [1] * len(self.out_shape)
-        for d in sorted(dims):
-            shape[d] = self.out_shape[d]
-        return c.reshape(shape)
+        if self.bias_perm is not None:
+            c = c.permute(self.bias_perm)
+        return c.reshape(self.bias_shape)
 
 
 #: The ATen reduction eager calls for each reduction of the IR.
