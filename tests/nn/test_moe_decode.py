@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from fusekit.data.tokens import moe_batch
+from fusekit.gms.kernels.cpu.skinny import PACKED_ROWS
 from fusekit.nn.moe import ExpertSegments, MoE, _ExpertsFn
-from fusekit.nn.moe_decode import DECODE_ROWS, decode_applies, experts_decode
+from fusekit.nn.moe_decode import DECODE_ROWS, _deal_items, decode_applies, experts_decode
 
 
 def _moe(experts, top_k, hidden=40, ffn=24, dtype=torch.float32, seed=0):
@@ -39,11 +41,13 @@ def test_decode_equals_general_path(experts, top_k, tokens, dtype):
 
 
 def test_skewed_routing_with_many_rows_per_expert():
-    """Zipf routing puts up to DECODE_ROWS pairs on one expert: odd row counts, 4/2/1 row blocks."""
+    """Zipf routing puts up to DECODE_ROWS pairs on one expert: odd row counts, 4/2/1 row blocks,
+    the packed kernel (PACKED_ROWS or more rows) beside the streaming one."""
     batch = moe_batch(40, 32, experts=8, top_k=2, skew=1.5, seed=3)
     weights, idx = batch.route()
     counts = torch.bincount(idx.reshape(-1), minlength=8)
-    assert 4 < int(counts.max()) <= DECODE_ROWS
+    assert PACKED_ROWS <= int(counts.max()) <= DECODE_ROWS
+    assert int(counts[counts > 0].min()) < PACKED_ROWS
     moe = _moe(8, 2, hidden=32, ffn=20)
     with torch.no_grad():
         got = experts_decode(batch.x, idx, weights, moe.w_gate_up, moe.w_down)
@@ -91,3 +95,18 @@ def test_applies_only_to_cpu_floats_and_small_batches():
     assert not decode_applies(torch.randn(3, 8, dtype=torch.bfloat16), idx, 4)
     many = torch.zeros(4 * DECODE_ROWS + 1, 1, dtype=torch.int64)
     assert not decode_applies(torch.randn(many.shape[0], 8), many, 4)
+
+
+def test_items_are_whole_experts_unless_that_unbalances_the_threads():
+    # costs (6 + rows) x weights: 70, 48, 21, 9, 9, 7, 7 deal evenly to 2 threads as whole experts
+    ptr = np.array([0, 64, 106, 121, 124, 127, 128, 129])
+    hit = np.arange(7)
+    chunks, order, tptr = _deal_items(hit, ptr, 3000, 2)
+    assert chunks == 1 and sorted(order.tolist()) == list(range(7)) and tptr[-1] == 7
+    # one expert on two threads: each takes half its columns
+    chunks, order, tptr = _deal_items(hit[:1], ptr, 3000, 2)
+    assert chunks == 2 and tptr.tolist() == [0, 1, 2]
+    # one dominant expert among small ones (70 against 4 x 7): split, two items per thread
+    ptr = np.array([0, 64, 64, 64, 64, 64, 65, 66, 67, 68])
+    chunks, _, tptr = _deal_items(np.array([0, 5, 6, 7, 8]), ptr, 3000, 2)
+    assert chunks == 2 and np.diff(tptr).tolist() == [5, 5]

@@ -17,11 +17,13 @@ path does the whole expert half in one call, with no torch op in between:
 3. per item (expert ``e``, hidden columns ``[c0, c1)``): ``Z[q, c0:c1] = A[q] @ Wd[e][:, c0:c1]``;
 4. per token: ``y[t] = sum_j pi[t, j] Z[pos[t k + j]]``.
 
-Items are split into the fewest column ranges that balance the threads
-(:func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks`) and dealt to them by cost, longest
-first (:func:`~fusekit.gms.kernels.cpu.skinny.lpt_schedule`: a popular expert's item costs many
-small ones); the products are
-:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w`, gathering ``x`` rows in place. The
+Items are whole experts when dealing them to threads by cost, longest first
+(:func:`~fusekit.gms.kernels.cpu.skinny.lpt_schedule`: a popular expert's item costs many small
+ones), comes within :data:`BALANCE_SLACK` of an even split; otherwise experts are split into the
+fewest column ranges that balance the threads
+(:func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks`). The products are
+:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w` (weight-streaming for few rows, packed
+panels for many), gathering ``x`` rows in place. The
 reference is the general path (:class:`fusekit.nn.moe._ExpertsFn`), which the tests compare with.
 """
 
@@ -49,6 +51,11 @@ from fusekit.gms.kernels.cpu.tile import FASTMATH
 #: path's torch ops plus ATen ``mm`` (measured: 8x2 with 64 tokens, 63 rows on the top expert,
 #: 82 against 94 ms); at 245 rows ATen's GEMM is 1.2x faster than the streaming kernel.
 DECODE_ROWS = 64
+
+#: Most a thread's share of whole-expert items may exceed an even split before experts are split
+#: into column ranges (measured, 2 threads, ``K = 1024``: rows of 256 columns run at 0.88 of the
+#: rate of rows of 1024, so a split costs about 12% of every item's time).
+BALANCE_SLACK = 1.08
 
 #: ``_decode_kernel`` return codes.
 DONE, TOO_MANY_ROWS, BAD_EXPERT = 1, 0, -1
@@ -111,6 +118,46 @@ def _item(item, chunks, hit, ptr, width):  # type: ignore[no-untyped-def]
     return e, ptr[e], ptr[e + 1], c * width // chunks, (c + 1) * width // chunks
 
 
+@numba.njit(cache=True)
+def _lpt_items(hit, ptr, weights, chunks, threads):  # type: ignore[no-untyped-def]
+    """LPT deal of the items ``(hit expert, column range)``; returns ``(order, tptr, makespan)``.
+
+    An item's cost is :func:`item_cost` of its rows and ``weights / chunks`` elements.
+    """
+    costs = np.empty(hit.shape[0] * chunks)
+    for item in range(costs.shape[0]):
+        e = hit[item // chunks]
+        costs[item] = item_cost(ptr[e + 1] - ptr[e], weights // chunks)
+    order, tptr = lpt_schedule(costs, threads)
+    makespan = 0.0
+    for th in range(tptr.shape[0] - 1):
+        load = 0.0
+        for q in range(tptr[th], tptr[th + 1]):
+            load += costs[order[q]]
+        makespan = max(makespan, load)
+    return order, tptr, makespan
+
+
+@numba.njit(cache=True)
+def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
+    """The column split and the deal of items to threads: ``(chunks, order, tptr)``.
+
+    Whole experts when their LPT deal is within :data:`BALANCE_SLACK` of an even split (full-width
+    rows run 10-15% faster than half-width ones); otherwise the
+    :func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks` split, which gives every thread the
+    same number of (expert, range) items (e.g. one or three experts on two threads).
+    """
+    total = 0.0
+    for e in hit:
+        total += item_cost(ptr[e + 1] - ptr[e], weights)
+    order, tptr, makespan = _lpt_items(hit, ptr, weights, 1, threads)
+    if makespan <= BALANCE_SLACK * total / max(1, threads):
+        return 1, order, tptr
+    chunks = balanced_chunks(hit.shape[0], threads)
+    order, tptr, _ = _lpt_items(hit, ptr, weights, chunks, threads)
+    return chunks, order, tptr
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out):  # type: ignore[no-untyped-def]
     status, ptr, token, pos = _sort_pairs(experts, w_gate_up.shape[0], max_rows)
@@ -123,13 +170,7 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
     act = np.empty((tokens * k, ffn), dtype=out.dtype)
     z = np.empty((tokens * k, hidden), dtype=out.dtype)
 
-    # items (expert, column range), the same split for both GEMMs; cost = its 3 ffn hidden weights
-    chunks = balanced_chunks(hit.shape[0], threads)
-    costs = np.empty(hit.shape[0] * chunks)
-    for item in range(costs.shape[0]):
-        e = hit[item // chunks]
-        costs[item] = item_cost(ptr[e + 1] - ptr[e], 3 * ffn * hidden // chunks)
-    order, tptr = lpt_schedule(costs, threads)
+    chunks, order, tptr = _deal_items(hit, ptr, 3 * ffn * hidden, threads)
 
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):

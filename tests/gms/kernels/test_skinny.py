@@ -1,12 +1,22 @@
-"""The few-row weight-streaming GEMM against torch.mm."""
+"""The few-row GEMMs (weight-streaming and packed) against torch.mm and numpy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm
+from fusekit.gms.kernels.cpu.skinny import (
+    KC,
+    NC,
+    PACKED_ROWS,
+    SKINNY_ROWS,
+    packed_rows_times_w,
+    rows_times_w,
+    segment_skinny_mm,
+    streaming_rows_times_w,
+)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, SKINNY_ROWS])
@@ -30,3 +40,21 @@ def test_segment_mm_mixes_skinny_and_mm_segments():
     out = segment_mm(rows, w, ptr, out=torch.empty(rows.shape[0], 10))
     ref = torch.cat([rows[ptr[s] : ptr[s + 1]] @ w[s] for s in range(len(counts))])
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [PACKED_ROWS - 1, PACKED_ROWS, PACKED_ROWS + 3, 2 * PACKED_ROWS])
+@pytest.mark.parametrize(("k", "c0", "c1"), [(KC + 37, 0, 2 * NC + 16), (19, 5, 5 + NC + 21)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_times_w_both_kernels_equal_the_product(rows, k, c0, c1, dtype):
+    # gathered rows (repeats, out of order), a K past one panel, column ranges with a tail strip
+    rng = np.random.default_rng(rows + k)
+    a = rng.standard_normal((rows + 5, k)).astype(dtype)
+    w = rng.standard_normal((k, c1 + 3)).astype(dtype)
+    a_rows = rng.integers(0, rows + 5, rows)
+    start = rng.standard_normal((rows, c1 - c0)).astype(dtype)
+    expected = start + a[a_rows] @ w[:, c0:c1]
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for kernel in (rows_times_w, streaming_rows_times_w, packed_rows_times_w):
+        acc = start.copy()
+        kernel(a, a_rows, w, c0, c1, acc)
+        np.testing.assert_allclose(acc, expected, rtol=tol, atol=tol, err_msg=str(kernel))
