@@ -8,8 +8,9 @@ use. The shipped files are converted once from ``shared/data`` by
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fusekit.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from fusekit.data.graphs import (
@@ -61,7 +62,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"fusekit.data.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'fusekit.data' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -9,8 +9,7 @@ Importing this package imports neither torch nor numba; the names below load on 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fusekit.lazy import lazy_getattr
 
 _WHERE = {
     "MoE": "moe",
@@ -26,7 +25,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"fusekit.nn.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'fusekit.nn' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -10,8 +10,7 @@ the names below load on first use (the CLI mounts ``fusekit sparse`` without num
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fusekit.lazy import lazy_getattr
 
 _WHERE = {
     "enumerate_schedules": "candidates",
@@ -41,7 +40,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"fusekit.sparse.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'fusekit.sparse' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
