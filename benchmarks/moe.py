@@ -23,8 +23,8 @@ Roofline: with few tokens the expert weights must stream from DRAM once (bytes =
 a 256 MiB sum, nothing written, so the copy rate would understate it; measured before and after
 every problem, and the best rate of the run used, since a loaded host lowers single readings);
 with many tokens the GEMMs bound it (2 x pairs x 3 x hidden x ffn FLOPs over the GEMM FLOP/s of
-``fusekit.hw.detect.measure``, read the same way). Each row's ``fraction_of_roofline`` is the
-larger bound over its time.
+``fusekit.hw.detect.gemm_flops_per_s``, read the same way). Each row's
+``fraction_of_roofline`` is the larger bound over its time.
 
 Run: ``.venv/bin/python benchmarks/moe.py [--quick]`` -> ``benchmarks/results/moe_cpu.json``
 and ``moe_cpu.png``.
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from fusekit.data.tokens import moe_batch
 from fusekit.hw import CPUTarget, detect
-from fusekit.hw.detect import measure, read_bytes_per_s
+from fusekit.hw.detect import gemm_flops_per_s, read_bytes_per_s
 from fusekit.nn.moe import MoE
 from fusekit.report.records import run_metadata, write_results
 from fusekit.search.measure import time_call
@@ -255,7 +255,7 @@ def main() -> None:
         for t in tokens:
             rows = run_shape(shape, t, repeats, args.budget)
             read_bw.append(read_bytes_per_s())
-            gemm.append(measure().gemm_flops_per_s)
+            gemm.append(gemm_flops_per_s()[0])
             add_roofline(rows, max(read_bw), max(gemm))
             records += rows
             by = {r["impl"]: r for r in rows}

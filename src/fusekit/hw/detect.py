@@ -81,43 +81,62 @@ def read_bytes_per_s(nbytes: int = COPY_BYTES, trials: int = 5) -> float:
     return nbytes / _best_time_s(src.sum, trials=trials)
 
 
+def copy_bytes_per_s(nbytes: int = COPY_BYTES, trials: int = 5) -> float:
+    """Best rate of a streaming fp32 copy of ``nbytes``: ``2 nbytes / t_copy`` (read + write)."""
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch of dst's pages
+    return 2 * nbytes / _best_time_s(lambda: dst.copy_(src), trials=trials)
+
+
+def gemm_flops_per_s(trials: int = 5) -> tuple[float, int]:
+    """Best fp32 ``n x n x n`` matmul rate ``2 n^3 / t`` and its ``n``.
+
+    ``n`` doubles from 256 until one product takes at least 50 ms (or ``n`` reaches 4096), so
+    that the timer and thread start-up are noise.
+    """
+    import torch
+
+    n = 256
+    while True:
+        a = torch.randn(n, n)
+        b = torch.randn(n, n)
+        torch.mm(a, b)
+        gemm_s = _best_time_s(lambda a=a, b=b: torch.mm(a, b), trials=trials)  # type: ignore[misc]
+        if gemm_s >= 0.05 or n >= 4096:
+            return 2 * n**3 / gemm_s, n
+        n *= 2
+
+
+def launch_overhead_s(samples: int = 200) -> float:
+    """Median time of a one-element ``torch.add``: the cost of dispatching one op."""
+    import torch
+
+    one = torch.ones(1)
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        torch.add(one, one)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def measure() -> Measurements:
     """Time a streaming copy, an fp32 GEMM and a tiny op with torch on this CPU.
 
     Returns:
         The measured rates; takes about 1-2 s on a 2-core machine.
     """
-    import torch
-
     start = time.perf_counter()
-    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch of dst's pages
-    copy_s = _best_time_s(lambda: dst.copy_(src), trials=5)
-
-    # Grow n until one matmul takes >= 50 ms, so that the timer and thread start-up are noise.
-    n = 256
-    while True:
-        a = torch.randn(n, n)
-        b = torch.randn(n, n)
-        torch.mm(a, b)
-        gemm_s = _best_time_s(lambda a=a, b=b: torch.mm(a, b), trials=5)  # type: ignore[misc]
-        if gemm_s >= 0.05 or n >= 4096:
-            break
-        n *= 2
-
-    one = torch.ones(1)
-    samples = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        torch.add(one, one)
-        samples.append(time.perf_counter() - t0)
-
+    copy = copy_bytes_per_s()
+    flops, n = gemm_flops_per_s()
     return Measurements(
-        copy_bytes_per_s=2 * COPY_BYTES / copy_s,
-        gemm_flops_per_s=2 * n**3 / gemm_s,
+        copy_bytes_per_s=copy,
+        gemm_flops_per_s=flops,
         gemm_n=n,
-        launch_overhead_s=statistics.median(samples),
+        launch_overhead_s=launch_overhead_s(),
         elapsed_s=time.perf_counter() - start,
     )
 
