@@ -142,3 +142,17 @@ def test_auto_picks_an_order_that_shrinks_the_gemm():
         gms(x, w, pl), gms_reference(x, w, torch.arange(50) % 10, d, d, 1), atol=1e-4, rtol=1e-4
     )
     assert pl.aggregate.plan.num_pairs == 1
+
+
+def test_the_input_gradient_plan_swaps_gather_and_scatter_once():
+    from fusekit.gms.dispatch import transposed_plan
+
+    pl = gradcheck_problem("mean")[0]
+    t_plan, perm = transposed_plan(pl)
+    assert transposed_plan(pl)[0] is t_plan  # memoised on the plan
+    assert torch.equal(t_plan.gather, pl.scatter[perm])
+    assert torch.equal(t_plan.scatter, pl.gather[perm])
+    assert torch.equal(t_plan.segment, pl.segment[perm])
+    key = t_plan.segment * (t_plan.n_out + 1) + t_plan.scatter
+    assert bool((key[1:] >= key[:-1]).all())
+    assert (t_plan.n_in, t_plan.n_out) == (pl.n_out, pl.n_in)

@@ -24,9 +24,11 @@ aggregation in the GEMM prologue, ``A`` never in memory) where the backend has i
 
 Gradients (``sum``/``mean``; ``c`` the per-position scale, ``n`` the mean weight)::
 
-    dX[g[p]] += c[p] * dY[d[p]] @ W[s]^T     the forward problem with g and d swapped: the
-                                             segment GEMM of (GM)seg (or G-Mseg-S) with dY rows,
-                                             then a reduce by gather row (the plan's source CSR)
+    dX[g[p]] += c[p] * dY[d[p]] @ W[s]^T     the forward problem with g and d swapped: on the
+                                             CPU, (GMS)seg on the transposed plan (built once
+                                             per plan, :func:`transposed_plan`); otherwise the
+                                             segment GEMM of (GM)seg (or G-Mseg-S) with dY
+                                             rows, then a reduce by gather row (the source CSR)
     dW[s]    += c[p] * X[g[p]]^T dY[d[p]]    segment outer products
     dc[e]     = n[p] * dY[d[p]] . (X[g[p]] @ W[s])    pair dots, e = order[p]
 
@@ -150,6 +152,38 @@ def _order_plan(plan: GMSPlan, strategy: Strategy) -> OrderPlan:
     return sub
 
 
+def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
+    """The plan of the input-gradient problem and ``perm``, computed once per plan (``memo``).
+
+    The pairs with gather and scatter swapped (``dY`` rows gathered by ``d``, ``dX`` rows
+    scattered to by ``g``), sorted by (segment, ``g``) and planned with the forward plan's tile
+    rows, blocks and schedule; position ``q`` of it is position ``perm[q]`` of ``plan``. Its
+    blocks own ranges of ``dX`` rows, so (GMS)seg computes ``dX`` without atomics and without the
+    ``[E, K]`` pair buffer of a segment GEMM followed by a reduce.
+    """
+    cached = plan.memo.get("transposed")
+    if cached is None:
+        import torch
+
+        from fusekit.gms.problem import plan_sorted
+
+        key = plan.segment * (plan.n_in + 1) + plan.gather
+        perm = torch.sort(key, stable=True).indices
+        t_plan = plan_sorted(
+            plan.scatter[perm],
+            plan.segment[perm],
+            plan.gather[perm],
+            n_in=plan.n_out,
+            n_out=plan.n_in,
+            num_segments=plan.num_segments,
+            tile_rows=plan.tile_rows,
+            blocks=plan.block_ptr.numel() - 1,
+            schedule=plan.schedule,
+        )
+        cached = plan.memo["transposed"] = (t_plan, perm)
+    return cached
+
+
 def pair_values(
     strategy: Strategy, x: torch.Tensor, w: torch.Tensor, plan: GMSPlan
 ) -> torch.Tensor:
@@ -221,6 +255,44 @@ def forward(
     return y.to(x.dtype)
 
 
+def _input_gradient(
+    vendor_gemm: bool,
+    shape: torch.Size,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    b_index: torch.Tensor,
+    c: torch.Tensor | None,
+    plan: GMSPlan,
+) -> torch.Tensor:
+    """``dX[g[p]] += c[p] * B[b_index[p]] @ W[s[p]]^T`` (``shape`` rows, compute dtype).
+
+    On the CPU for ``sum``/``mean`` (``B = dY``, ``b_index = d``): (GMS)seg on
+    :func:`transposed_plan`. Otherwise the pair products (the vendor segment GEMM on gathered
+    rows for ``G-Mseg-S``, the numba segment products else) reduced by gather row.
+    """
+    import torch
+
+    dev = b.device
+    w_t = w.transpose(1, 2).contiguous()
+    dx = torch.zeros(shape, dtype=b.dtype, device=dev)
+    if not vendor_gemm and dev.type == "cpu" and plan.reduce != "max":
+        t_plan, perm = transposed_plan(plan)
+        t_scale = c[perm] if c is not None else None
+        dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, w_t, t_plan, t_scale)
+        return dx
+    if vendor_gemm:
+        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+
+        gathered = kernel(dev, "rows", "gather_rows")(b, b_index)
+        back = segment_mm(gathered, w_t, plan.segment_ptr)
+    else:
+        back = kernel(dev, "gm_seg_s", "segment_products")(b, b_index, w_t, plan)
+    kernel(dev, "rows", "reduce_rows")(
+        back, plan.src_ptr, n_pairs=plan.num_pairs, scale=c, pos=plan.src_pos, out=dx[: plan.n_in]
+    )
+    return dx
+
+
 def backward(
     strategy: Strategy,
     grad: torch.Tensor,
@@ -251,9 +323,7 @@ def backward(
     xc, wc, gc = x.to(dtype), w.to(dtype), grad.to(dtype).contiguous()
     c = position_scale(plan, scale, dtype)
     vendor_gemm = strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu"
-    products = kernel(dev, "gm_seg_s", "segment_products")
     gather_rows = kernel(dev, "rows", "gather_rows")
-    reduce_rows = kernel(dev, "rows", "reduce_rows")
     segment_outer = kernel(dev, "backward", "segment_outer")
     pair_dot = kernel(dev, "backward", "pair_dot")
 
@@ -272,23 +342,7 @@ def backward(
 
     dx = dw = dscale = None
     if needs[0]:
-        w_t = wc.transpose(1, 2).contiguous()
-        if vendor_gemm:
-            from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-
-            back = segment_mm(gather_rows(b, b_index), w_t, plan.segment_ptr)
-        else:
-            back = products(b, b_index, w_t, plan)
-        dx = torch.zeros(x.shape, dtype=dtype, device=dev)
-        reduce_rows(
-            back,
-            plan.src_ptr,
-            n_pairs=plan.num_pairs,
-            scale=c,
-            pos=plan.src_pos,
-            out=dx[: plan.n_in],
-        )
-        dx = dx.to(x.dtype)
+        dx = _input_gradient(vendor_gemm, x.shape, wc, b, b_index, c, plan).to(x.dtype)
     if needs[1]:
         if vendor_gemm:
             from fusekit.gms.kernels.cpu.g_mseg_s import segment_outer_mm

@@ -50,3 +50,35 @@ def test_guards(field):
             pair_dot_cpu(x, corrupt.gather, w, dy, corrupt.scatter, corrupt)
         else:
             segment_outer_cpu(x, corrupt.gather, dy, corrupt.scatter, None, corrupt, 3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_segment_outer_over_many_chunks_and_partial_tiles(threads):
+    # one segment of 2.5 chunks, one empty, one of a single pair; K and M not whole tiles
+    import numba
+
+    from fusekit.gms.kernels.cpu.backward import CHUNK
+
+    torch.manual_seed(0)
+    counts = [CHUNK * 5 // 2, 0, 1]
+    segment = torch.repeat_interleave(torch.arange(3), torch.tensor(counts))
+    e = len(segment)
+    gather, scatter = torch.randint(0, 40, (e,)), torch.randint(0, 30, (e,))
+    pl = plan(GMSProblem.create(gather, segment, scatter, 30, num_segments=3))
+    x, dy = torch.randn(40, 7, dtype=torch.float64), torch.randn(30, 19, dtype=torch.float64)
+    c = torch.rand(e, dtype=torch.float64)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        dw = segment_outer_cpu(x, pl.gather, dy, pl.scatter, c[pl.order], pl, 3)
+    finally:
+        numba.set_num_threads(before)
+    expected = torch.stack(
+        [
+            torch.einsum(
+                "e,ek,em->km", c[segment == s], x[gather[segment == s]], dy[scatter[segment == s]]
+            )
+            for s in range(3)
+        ]
+    )
+    torch.testing.assert_close(dw, expected)

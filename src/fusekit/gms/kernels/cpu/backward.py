@@ -21,6 +21,7 @@ import numba
 import numpy as np
 
 from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad
+from fusekit.gms.kernels.cpu.skinny import lpt_schedule
 from fusekit.gms.kernels.cpu.tile import (
     FASTMATH,
     MR,
@@ -39,71 +40,110 @@ if TYPE_CHECKING:
     from fusekit.gms.problem import GMSPlan
 
 
+#: Pairs whose ``A`` and ``B`` rows the weight gradient gathers at a time (``CHUNK x (K + M)``
+#: values: 64 KiB at ``K = M = 32``, an L2 resident that every register tile of ``dW`` reads).
+CHUNK = 256
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _outer_tile(ag, bg, n, k0, m0, acc):  # type: ignore[no-untyped-def]
+    """``acc[r, j] = sum_{i < n} ag[i, k0 + r] * bg[i, m0 + j]``, ``r < MR``, ``j < NR``.
+
+    The ``MR x NR`` accumulators stay in registers across the chunk's pairs: per pair, ``MR``
+    broadcasts of ``ag``, two 8-wide loads of ``bg`` and ``2 MR`` fused multiply-adds.
+    """
+    for r in range(MR):
+        for j in range(NR):
+            acc[r, j] = 0
+    ka = np.uint64(k0)
+    col = np.uint64(m0)
+    for i in range(n):
+        a0, a1 = ag[i, ka], ag[i, ka + np.uint64(1)]
+        a2, a3 = ag[i, ka + np.uint64(2)], ag[i, ka + np.uint64(3)]
+        for j in range(NR):
+            bv = bg[i, col + np.uint64(j)]
+            acc[0, j] += a0 * bv
+            acc[1, j] += a1 * bv
+            acc[2, j] += a2 * bv
+            acc[3, j] += a3 * bv
+
+
+@numba.njit(cache=True)
+def _gather_chunk(a, a_index, b, b_index, scale, has_scale, lo, n, ag, bg):  # type: ignore[no-untyped-def]
+    """``ag[i, :K] = c[p] A[a_index[p]]`` and ``bg[i, :M] = B[b_index[p]]`` for ``p = lo + i``."""
+    K = a.shape[1]
+    M = b.shape[1]
+    for i in range(n):
+        p = lo + i
+        c = scale[p] if has_scale else scale[0]
+        src_a = a[a_index[p]]
+        dst_a = ag[i]
+        for k in range(K):
+            dst_a[np.uint64(k)] = c * src_a[np.uint64(k)]
+        src_b = b[b_index[p]]
+        dst_b = bg[i]
+        for m in range(M):
+            dst_b[np.uint64(m)] = src_b[np.uint64(m)]
+
+
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _segment_outer_kernel(  # type: ignore[no-untyped-def]
-    # pointers: a [Ra, K], a_index [E], b [Rb, M], b_index [E], scale [E], out [S, K, M]
+    # pointers: a [Ra, K], a_index [E], b [Rb, M], b_index [E], scale [E], out [S, K, M] (zeros)
     a,
     a_index,
     b,
     b_index,
     scale,
     out,
-    # schedule: segment_ptr [S + 1]
+    # schedule: segment_ptr [S + 1]; threads: workers that take whole segments
     segment_ptr,
+    threads,
     # flags
     has_scale,
 ):
     K = a.shape[1]
     M = b.shape[1]
     n_pairs = min(a_index.shape[0], b_index.shape[0])
-    n_k_tiles = (K + MR - 1) // MR
     n_segments = min(segment_ptr.shape[0] - 1, out.shape[0])
+    # a thread owns whole segments (its dW[s] slices: no atomics, one summation order for any
+    # thread count), dealt longest first by pair count
+    costs = np.zeros(n_segments)
+    for s in range(n_segments):
+        costs[s] = max(0, segment_ptr[s + 1] - segment_ptr[s])
+    order, tptr = lpt_schedule(costs, threads)
+    # chunk buffers padded to whole register tiles, the padding zero
+    k_pad = (K + MR - 1) // MR * MR
+    m_pad = (M + NR - 1) // NR * NR
     bad = 0
-    # ---- one work unit per (segment, MR rows of K): each owns its slice of dW ----
-    for unit in numba.prange(n_segments * n_k_tiles):
-        s = unit // n_k_tiles
-        k0 = (unit % n_k_tiles) * MR
-        nk = min(MR, K - k0)
+    for th in numba.prange(threads):
+        ag = np.zeros((CHUNK, k_pad), dtype=a.dtype)
+        bg = np.zeros((CHUNK, m_pad), dtype=b.dtype)
         acc = numba.carray(stack_buffer(a, MR_NR), (MR, NR))
-        lo = segment_ptr[s]
-        hi = segment_ptr[s + 1]
-        if lo < 0 or hi > n_pairs:
-            bad += 1
-            continue
-        if not rows_in_range(a_index, lo, hi - lo, a.shape[0]) or not rows_in_range(
-            b_index, lo, hi - lo, b.shape[0]
-        ):
-            bad += 1
-            continue
-        for m0 in range(0, M, NR):
-            nc = min(NR, M - m0)
-            for r in range(MR):
-                for j in range(NR):
-                    acc[r, j] = 0
-            col = np.uint64(m0)
-            for p in range(lo, hi):
-                c = scale[p] if has_scale else scale[0]
-                ra = a_index[p]
-                rb = b_index[p]
-                if nk == MR and nc == NR:
-                    a0 = c * a[ra, k0]
-                    a1 = c * a[ra, k0 + 1]
-                    a2 = c * a[ra, k0 + 2]
-                    a3 = c * a[ra, k0 + 3]
-                    for j in range(NR):
-                        bv = b[rb, col + np.uint64(j)]
-                        acc[0, j] += a0 * bv
-                        acc[1, j] += a1 * bv
-                        acc[2, j] += a2 * bv
-                        acc[3, j] += a3 * bv
-                else:
-                    for r in range(nk):
-                        ar = c * a[ra, k0 + r]
-                        for j in range(nc):
-                            acc[r, j] += ar * b[rb, col + np.uint64(j)]
-            for r in range(nk):
-                for j in range(nc):
-                    out[s, k0 + r, m0 + j] = acc[r, j]
+        for q in range(tptr[th], tptr[th + 1]):
+            s = order[q]
+            lo = segment_ptr[s]
+            hi = segment_ptr[s + 1]
+            if lo < 0 or hi > n_pairs:
+                bad += 1
+                continue
+            if not rows_in_range(a_index, lo, hi - lo, a.shape[0]) or not rows_in_range(
+                b_index, lo, hi - lo, b.shape[0]
+            ):
+                bad += 1
+                continue
+            # ---- chunk by chunk: gather the rows once, then every tile of dW[s] reads them ----
+            for c0 in range(lo, hi, CHUNK):
+                n = min(CHUNK, hi - c0)
+                _gather_chunk(a, a_index, b, b_index, scale, has_scale, c0, n, ag, bg)
+                for k0 in range(0, K, MR):
+                    nk = min(MR, K - k0)
+                    for m0 in range(0, M, NR):
+                        nc = min(NR, M - m0)
+                        _outer_tile(ag, bg, n, k0, m0, acc)
+                        for r in range(nk):
+                            row = out[s, k0 + r, m0 : m0 + nc]
+                            for j in range(nc):
+                                row[j] += acc[r, j]
     return bad
 
 
@@ -197,6 +237,7 @@ def segment_outer_cpu(
         numpy_of(scale if scale is not None else torch.ones(1, dtype=a.dtype)),
         numpy_of(out),
         plan_array(plan, "segment_ptr"),
+        numba.get_num_threads(),
         scale is not None,
     )
     raise_if_bad(bad, "segment_ptr", "segments and rows in range")
