@@ -156,3 +156,8 @@ def test_the_input_gradient_plan_swaps_gather_and_scatter_once():
     key = t_plan.segment * (t_plan.n_out + 1) + t_plan.scatter
     assert bool((key[1:] >= key[:-1]).all())
     assert (t_plan.n_in, t_plan.n_out) == (pl.n_out, pl.n_in)
+    # its CSRs: the forward's, positions renumbered; every position once, grouped by row
+    assert torch.equal(t_plan.dst_ptr, pl.src_ptr) and torch.equal(t_plan.src_ptr, pl.dst_ptr)
+    for pos, rows in ((t_plan.dst_pos, t_plan.scatter), (t_plan.src_pos, t_plan.gather)):
+        assert torch.equal(pos.sort().values, torch.arange(pl.num_pairs))
+        assert bool((rows[pos][1:] >= rows[pos][:-1]).all())

@@ -169,6 +169,10 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
 
         key = plan.segment * (plan.n_in + 1) + plan.gather
         perm = torch.sort(key, stable=True).indices
+        position = torch.empty_like(perm)  # position[perm[q]] = q
+        position[perm] = torch.arange(perm.numel(), device=perm.device)
+        # the CSRs swap too: by dX row (the forward's source CSR), by dY row (its destination CSR)
+        csr = (plan.src_ptr, position[plan.src_pos], plan.dst_ptr, position[plan.dst_pos])
         t_plan = plan_sorted(
             plan.scatter[perm],
             plan.segment[perm],
@@ -179,6 +183,7 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
             tile_rows=plan.tile_rows,
             blocks=plan.block_ptr.numel() - 1,
             schedule=plan.schedule,
+            csr=csr,
         )
         cached = plan.memo["transposed"] = (t_plan, perm)
     return cached
