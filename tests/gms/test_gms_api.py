@@ -161,3 +161,13 @@ def test_the_input_gradient_plan_swaps_gather_and_scatter_once():
     for pos, rows in ((t_plan.dst_pos, t_plan.scatter), (t_plan.src_pos, t_plan.gather)):
         assert torch.equal(pos.sort().values, torch.arange(pl.num_pairs))
         assert bool((rows[pos][1:] >= rows[pos][:-1]).all())
+
+
+def test_sorted_plan_with_more_blocks_than_rows_packs():
+    from fusekit.gms.problem import plan_sorted
+
+    one = torch.zeros(1, dtype=torch.int64)
+    pl = plan_sorted(
+        one, one, one, n_in=1, n_out=1, num_segments=1, tile_rows=1, blocks=2, schedule="pack"
+    )
+    assert pl.item_ptr.tolist() == [0, 1] and pl.block_ptr.tolist() == [0, 1, 1]

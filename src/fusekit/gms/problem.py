@@ -668,7 +668,8 @@ def tiles_of_runs(run_ptr: torch.Tensor, tile_rows: int, schedule: str) -> dict[
     else:  # windows of tile_rows pairs within a block
         rows = tile_end - tile_start
         before = np.cumsum(rows) - rows  # pairs in the tiles before each tile
-        window = (before - before[block_ptr[:-1]][tile_block]) // tile_rows if n_tiles else rows
+        # a tile's window counts from its block's first tile (empty blocks have no tiles)
+        window = (before - before[block_ptr[tile_block]]) // tile_rows if n_tiles else rows
         change = np.ones(n_tiles, bool)
         change[1:] = (tile_block[1:] != tile_block[:-1]) | (window[1:] != window[:-1])
         item_ptr = np.concatenate([np.flatnonzero(change), [n_tiles]])
