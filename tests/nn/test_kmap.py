@@ -231,3 +231,17 @@ def test_many_chunks_of_a_sorted_scan():
         assert torch.equal(getattr(m, name), getattr(ref, name)), name
     expected = plan(ref.problem(), tile_rows=16, blocks=3, orders=False)
     assert torch.equal(fused.packed, expected.packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_bounds_check_equals_reference(dtype):
+    bounds = torch.tensor([2, *SHAPE])
+    idx = voxels().to(dtype)
+    cases = [idx, idx[:0], idx.flip(0)]
+    for row, axis, value in ((0, 0, 2), (5, 1, -1), (len(idx) - 1, 3, SHAPE[2]), (9, 2, 7)):
+        bad = idx.clone()
+        bad[row, axis] = value
+        cases.append(bad)
+    for case in cases:
+        got = km._outside(case.numpy(), bounds.numpy())
+        assert got == km._outside_reference(case, bounds)

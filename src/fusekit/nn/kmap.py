@@ -882,6 +882,30 @@ def _duplicate_message(coords: np.ndarray | torch.Tensor, row: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True)  # serial: one read of 16 B per voxel, less than a parallel launch
+def _outside(values, bounds):  # type: ignore[no-untyped-def]
+    """Whether some row of ``values [N, 4]`` leaves ``[0, bounds)`` (one pass, stops early).
+
+    numpy's ``values.min(0)`` / ``max(0)`` reduce a 4-wide axis 0 in strides (2.4 ms each for
+    100k voxels here, twice per fresh forward: the tensor's check and the map's); this loop
+    reads each voxel once. Reference: :func:`_outside_reference`.
+    """
+    for i in range(values.shape[0]):
+        for a in range(4):
+            v = values[i, a]
+            if v < 0 or v >= bounds[a]:
+                return True
+    return False
+
+
+def _outside_reference(indices: torch.Tensor, bounds: torch.Tensor) -> bool:
+    """:func:`_outside` in torch (any device): column minima and maxima against the bounds."""
+    if indices.shape[0] == 0:
+        return False
+    low, high = torch.aminmax(indices, dim=0)
+    return bool((low < 0).any() | (high >= bounds).any())
+
+
 def check_indices(
     indices: torch.Tensor, spatial_shape: tuple[int, int, int], batch_size: int
 ) -> None:
@@ -910,12 +934,10 @@ def check_indices(
     if indices.shape[0] == 0:
         return
     bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
-    if indices.device.type == "cpu":  # numpy: no thread-pool wake-up for an O(N) check
-        values = indices.numpy()
-        outside = bool((values.min(0) < 0).any() | (values.max(0) >= bounds.numpy()).any())
+    if indices.device.type == "cpu" and indices.is_contiguous():
+        outside = _outside(indices.numpy(), bounds.numpy())
     else:
-        low, high = torch.aminmax(indices, dim=0)
-        outside = bool((low < 0).any() | (high >= bounds).any())
+        outside = _outside_reference(indices, bounds)
     if outside:  # the row is found only on failure
         bad = ((indices < 0) | (indices >= bounds)).any(1)
         row = int(torch.nonzero(bad)[0, 0])
