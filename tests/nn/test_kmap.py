@@ -245,3 +245,14 @@ def test_bounds_check_equals_reference(dtype):
     for case in cases:
         got = km._outside(case.numpy(), bounds.numpy())
         assert got == km._outside_reference(case, bounds)
+
+
+def test_row_runs_equal_key_runs():
+    import numpy as np
+
+    for idx in (voxels(), voxels(n=1), voxels(n=3000, batches=3, seed=2)):
+        keys, rows, _ = km._linear_keys(idx.numpy(), *SHAPE)
+        order = np.argsort(keys, kind="stable")
+        fast = km._row_runs(rows[order], idx.numpy()[order, 3])
+        for got, ref in zip(fast, km._key_runs(keys[order], SHAPE[2]), strict=True):
+            assert np.array_equal(got, ref)

@@ -554,17 +554,46 @@ def _key_runs(keys, row_length):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
+def _row_runs(rows, xs):  # type: ignore[no-untyped-def]
+    """:func:`_key_runs` of the keys ``rows * X + xs``, given their rows: no division.
+
+    ``rows`` ascending (``(b Z + z) Y + y`` of sorted keys), ``xs`` their x. :func:`_key_runs`
+    divides every key by ``X`` twice (a 64-bit division is tens of cycles: 4.3 ms of pass 1 for
+    160k voxels); here one pass compares rows, and the row ids and run pointer are cut from
+    arrays of ``N`` and ``N + 1``. Reference: :func:`_key_runs`.
+    """
+    n = rows.shape[0]
+    row_ids = np.empty(n, np.int64)
+    ptr = np.empty(n + 1, np.int64)
+    x = np.empty(n, np.int64)
+    run = np.empty(n, np.int64)
+    r = -1
+    for j in range(n):
+        if r < 0 or rows[j] != row_ids[r]:
+            r += 1
+            row_ids[r] = rows[j]
+            ptr[r] = j
+        x[j] = xs[j]
+        run[j] = r
+    ptr[r + 1] = n
+    return row_ids[: r + 1], ptr[: r + 2], x, run
+
+
+@numba.njit(cache=True)
 def _linear_keys(coords, z, y, x):  # type: ignore[no-untyped-def]
-    """``((b Z + z) Y + y) X + x`` per voxel, and whether they strictly ascend."""
+    """``((b Z + z) Y + y) X + x`` per voxel, its row ``(b Z + z) Y + y``, and whether the keys
+    strictly ascend."""
     n = coords.shape[0]
     keys = np.empty(n, np.int64)
+    rows = np.empty(n, np.int64)
     ascending = True
     for i in range(n):
         c = coords[i]
-        keys[i] = ((np.int64(c[0]) * z + c[1]) * y + c[2]) * x + c[3]
+        rows[i] = (np.int64(c[0]) * z + c[1]) * y + c[2]
+        keys[i] = rows[i] * x + c[3]
         if i > 0 and keys[i] <= keys[i - 1]:
             ascending = False
-    return keys, ascending
+    return keys, rows, ascending
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -803,7 +832,7 @@ def find_hits(
     if subm:
         stride, padding = (1, 1, 1), (1, 1, 1)
     coords = indices.numpy()
-    keys, ascending = _linear_keys(coords, *shape)
+    keys, rows, ascending = _linear_keys(coords, *shape)
     order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
     sorted_keys = keys if ascending else keys[order]
     if not ascending:
@@ -812,7 +841,10 @@ def find_hits(
             row = int(max(order[same[0]], order[same[0] + 1]))
             raise ValueError(_duplicate_message(coords, row))
     out_shape = shape if subm else output_shape(shape, stride, padding)
-    in_rows, in_ptr, in_x, in_run = _key_runs(sorted_keys, shape[2])
+    if ascending:
+        in_rows, in_ptr, in_x, in_run = _row_runs(rows, coords[:, 3])
+    else:
+        in_rows, in_ptr, in_x, in_run = _row_runs(rows[order], coords[order, 3])
     if subm:
         out_coords: Any = indices
         out_rows, out_run, out_order = in_rows, in_run, order
