@@ -256,3 +256,27 @@ def test_row_runs_equal_key_runs():
         fast = km._row_runs(rows[order], idx.numpy()[order, 3])
         for got, ref in zip(fast, km._key_runs(keys[order], SHAPE[2]), strict=True):
             assert np.array_equal(got, ref)
+
+
+def test_plan_buffers_are_reused_only_when_nothing_views_them():
+    import gc
+
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    args = (scan.coords, scan.spatial_shape, 1)
+    _, held = km.find_hits(*args).plan(16, 3, "pad")
+    kept = held.packed.clone()
+    m, other = km.find_hits(*args).plan(16, 3, "pad")  # the first is alive: a new buffer
+    ptr = other.packed.untyped_storage().data_ptr()
+    assert ptr != held.packed.untyped_storage().data_ptr()
+    gather = m.gather  # a view outliving its plan and map still pins the buffer
+    del m, other
+    gc.collect()
+    _, third = km.find_hits(*args).plan(16, 3, "pad")
+    assert third.packed.untyped_storage().data_ptr() != ptr
+    del gather, third
+    gc.collect()
+    _, fourth = km.find_hits(*args).plan(16, 3, "pad")  # now nothing views it: reused
+    assert fourth.packed.untyped_storage().data_ptr() == ptr
+    assert torch.equal(fourth.packed, kept) and torch.equal(held.packed, kept)
