@@ -157,20 +157,23 @@ def _neighbour_runs(  # type: ignore[no-untyped-def]
     out_shape,
     stride,
     padding,
+    # the first (k_z, k_y) entries wanted: 9, or 4 for the SubM pass on sorted voxels
+    lookups,
 ):
-    """``[R_out, 9]``: the input run of row ``(b, s z - p + k_z, s y - p + k_y)``, or -1.
+    """``[R_out, lookups]``: the input run of row ``(b, s z - p + k_z, s y - p + k_y)``, or -1.
 
     Entry ``3 k_z + k_y``; one table lookup per output row and ``(k_z, k_y)``, the only random
-    accesses of the build (the table of distinct rows fits the cache).
+    accesses of the build (the table of distinct rows fits the cache). :func:`_find_lower`
+    reads the 4 rows before a voxel's only, so it asks for those.
     """
-    nbr = np.full((out_rows.shape[0], 9), -1, np.int64)
+    nbr = np.full((out_rows.shape[0], lookups), -1, np.int64)
     mask = (1 << bits) - 1
     for r in range(out_rows.shape[0]):
         row = out_rows[r]
         y = row % out_shape[1]
         z = (row // out_shape[1]) % out_shape[0]
         b = row // (out_shape[1] * out_shape[0])
-        for kzy in range(9):
+        for kzy in range(lookups):
             zi = z * stride[0] - padding[0] + kzy // 3
             yi = y * stride[1] - padding[1] + kzy % 3
             if zi < 0 or zi >= shape[0] or yi < 0 or yi >= shape[1]:
@@ -292,7 +295,7 @@ def _find_lower(  # type: ignore[no-untyped-def]
     run_of,
     x_of,
     in_ptr,
-    # the runs' neighbour runs [R, 9] (entries 0..3: rows (z-1, y-1..y+1) and (z, y-1))
+    # the runs' neighbour runs [R, 4]: rows (z-1, y-1..y+1) and (z, y-1)
     nbr,
     # out: lower hits [chunks * _CHUNK * 13] per chunk, their bits [N], counts [chunks, 27]
     hits,
@@ -864,11 +867,11 @@ def find_hits(
     bits = max(4, int(2 * max(len(in_rows), 1) - 1).bit_length())
     table = _row_table(in_rows, bits)
     sizes = tuple(np.array(v) for v in (shape, out_shape, stride, padding))
-    nbr = _neighbour_runs(out_rows, table, bits, *sizes)
+    symmetric = subm and ascending
+    nbr = _neighbour_runs(out_rows, table, bits, *sizes, 4 if symmetric else 9)
     chunks = (n_out + _CHUNK - 1) // _CHUNK
     mask = np.empty(n_out, np.int64)
     counts = np.zeros((chunks, KERNEL_VOLUME), np.int64)
-    symmetric = subm and ascending
     # pass 1 writes each chunk's hits at its start in the thread's reused gms scratch buffer
     # (fresh pages, a fault and a zeroed page per 4 KiB, cost as much as the pass), then they
     # are compacted into an array of their own
