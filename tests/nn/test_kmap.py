@@ -280,3 +280,23 @@ def test_plan_buffers_are_reused_only_when_nothing_views_them():
     _, fourth = km.find_hits(*args).plan(16, 3, "pad")  # now nothing views it: reused
     assert fourth.packed.untyped_storage().data_ptr() == ptr
     assert torch.equal(fourth.packed, kept) and torch.equal(held.packed, kept)
+
+
+def test_parallel_mirror_equals_serial():
+    import numpy as np
+
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    hits = km.find_hits(scan.coords, scan.spatial_shape, 1)
+    assert hits.symmetric
+    lower_mask = hits.mask & 0x1FFF  # pass 1's state: the 13 offsets before the centre
+    lower_counts = hits.counts.copy()
+    lower_counts[:, 13:] = 0
+    mask, counts = lower_mask.copy(), lower_counts.copy()
+    km._mirror(hits.hits, hits.hit_ptr, mask, counts, km._DEBRUIJN)
+    assert np.array_equal(mask, hits.mask) and np.array_equal(counts, hits.counts)
+    for parts in (1, 2, 3, 7, 40):
+        got_mask, got_counts = lower_mask.copy(), lower_counts.copy()
+        km._mirror_parallel(hits.hits, hits.hit_ptr, got_mask, got_counts, km._DEBRUIJN, parts)
+        assert np.array_equal(got_mask, mask) and np.array_equal(got_counts, counts), parts

@@ -372,6 +372,43 @@ def _mirror(hits, hit_ptr, mask, counts, debruijn):  # type: ignore[no-untyped-d
 
 
 @numba.njit(parallel=True, cache=True)
+def _mirror_parallel(hits, hit_ptr, mask, counts, debruijn, parts):  # type: ignore[no-untyped-def]
+    """:func:`_mirror` in ``parts`` ranges of chunks, in parallel (its reference).
+
+    A mirror lands in an earlier chunk, possibly another part's, so each part ORs its upper bits
+    into a row of its own and counts per (target chunk, upper offset) in a slab of its own; the
+    rows and slabs are then summed (bits of distinct offsets never collide, so OR and sum
+    agree with the serial pass).
+    """
+    n = mask.shape[0]
+    chunks = counts.shape[0]
+    upper = np.zeros((parts, n), np.int32)
+    upper_counts = np.zeros((parts, chunks, 13), np.int64)
+    for part in numba.prange(parts):
+        for c in range(part * chunks // parts, (part + 1) * chunks // parts):
+            h = hit_ptr[c]
+            for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+                bits = mask[o]
+                while bits:
+                    k = _lowest_bit(bits, debruijn)
+                    bits &= bits - 1
+                    i = hits[h]
+                    h += 1
+                    upper[part, i] |= 1 << (12 - k)
+                    upper_counts[part, i // _CHUNK, 12 - k] += 1
+    for c in numba.prange(chunks):
+        counts[c, 13] += min(n, (c + 1) * _CHUNK) - c * _CHUNK
+        for part in range(parts):
+            for u in range(13):
+                counts[c, 14 + u] += upper_counts[part, c, u]
+        for o in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            bits = 0
+            for part in range(parts):
+                bits |= upper[part, o]
+            mask[o] |= (np.int64(bits) << 14) | (1 << 13)
+
+
+@numba.njit(parallel=True, cache=True)
 def _write_symmetric(  # type: ignore[no-untyped-def]
     # pass 1's lower hits and each chunk's first [chunks + 1], full bits [N], each chunk's
     # first position per offset [chunks, 27]
@@ -887,7 +924,7 @@ def find_hits(
     np.cumsum(counts.sum(1), out=hit_ptr[1:])
     hits = _compact_hits(spread, stride_h, hit_ptr)
     if symmetric:
-        _mirror(hits, hit_ptr, mask, counts, _DEBRUIJN)
+        _mirror_parallel(hits, hit_ptr, mask, counts, _DEBRUIJN, numba.get_num_threads())
     dst_ptr = _degrees(mask)
     n_in = len(keys)
     return Hits(hits, hit_ptr, mask, counts, dst_ptr, n_in, out_coords, out_shape, subm, symmetric)
