@@ -300,3 +300,17 @@ def test_parallel_mirror_equals_serial():
         got_mask, got_counts = lower_mask.copy(), lower_counts.copy()
         km._mirror_parallel(hits.hits, hits.hit_ptr, got_mask, got_counts, km._DEBRUIJN, parts)
         assert np.array_equal(got_mask, mask) and np.array_equal(got_counts, counts), parts
+
+
+def test_block_rows_equal_reference():
+    import numpy as np
+
+    from fusekit.gms.problem import block_rows
+
+    gen = np.random.default_rng(0)
+    ptrs = [np.zeros(1, np.int64), np.zeros(6, np.int64)]
+    ptrs += [np.concatenate([[0], np.cumsum(gen.integers(0, 9, n))]) for n in (1, 7, 1000)]
+    for ptr in ptrs:
+        for blocks in (1, 2, 3, 8, 32, 2000):
+            ref = block_rows(torch.from_numpy(ptr), blocks).numpy()
+            assert np.array_equal(km._block_rows(ptr, blocks), ref), (len(ptr), blocks)
