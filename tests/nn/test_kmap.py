@@ -314,3 +314,21 @@ def test_block_rows_equal_reference():
         for blocks in (1, 2, 3, 8, 32, 2000):
             ref = block_rows(torch.from_numpy(ptr), blocks).numpy()
             assert np.array_equal(km._block_rows(ptr, blocks), ref), (len(ptr), blocks)
+
+
+def test_pad_tiles_equal_reference():
+    import numpy as np
+
+    from fusekit.gms.problem import tiles_of_runs
+
+    gen = np.random.default_rng(1)
+    for segments, blocks in ((1, 1), (27, 1), (27, 8), (3, 40)):
+        sizes = gen.integers(0, 40, (segments, blocks)) * (gen.random((segments, blocks)) > 0.2)
+        ends = np.cumsum(sizes.reshape(-1)).reshape(segments, blocks)
+        run_ptr = np.concatenate([ends[:, :1] - sizes[:, :1], ends], 1)
+        for tile_rows in (1, 4, 16, 64):
+            ref = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, "pad")
+            got = km._tiles(run_ptr, tile_rows, "pad")
+            assert ref.keys() == got.keys()
+            for name, value in ref.items():
+                assert torch.equal(got[name], value), (name, segments, blocks, tile_rows)

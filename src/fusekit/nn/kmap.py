@@ -638,6 +638,46 @@ def _linear_keys(coords, z, y, x):  # type: ignore[no-untyped-def]
     return keys, rows, ascending
 
 
+@numba.njit(cache=True)
+def _pad_tiles(run_ptr, tile_rows):  # type: ignore[no-untyped-def]
+    """The ``"pad"`` schedule's tiles of :func:`fusekit.gms.problem.tiles_of_runs` (its reference).
+
+    Each run ``(segment s, block b)`` of ``run_ptr [S, B + 1]`` is cut into tiles of
+    ``tile_rows`` pairs, listed by (block, segment), one work item per tile: one pass over the
+    tiles in place of that function's dozen numpy passes (2.2 ms for 65k tiles at 160k voxels).
+    """
+    segments, b1 = run_ptr.shape
+    n = 0
+    for b in range(b1 - 1):
+        for s in range(segments):
+            n += (run_ptr[s, b + 1] - run_ptr[s, b] + tile_rows - 1) // tile_rows
+    tile_segment = np.empty(n, np.int64)
+    tile_start = np.empty(n, np.int64)
+    tile_end = np.empty(n, np.int64)
+    block_ptr = np.zeros(b1, np.int64)
+    t = 0
+    for b in range(b1 - 1):
+        for s in range(segments):
+            hi = run_ptr[s, b + 1]
+            for lo in range(run_ptr[s, b], hi, tile_rows):
+                tile_segment[t] = s
+                tile_start[t] = lo
+                tile_end[t] = min(lo + tile_rows, hi)
+                t += 1
+        block_ptr[b + 1] = t
+    return tile_segment, tile_start, tile_end, block_ptr, np.arange(n + 1)
+
+
+def _tiles(run_ptr: np.ndarray, tile_rows: int, schedule: str) -> dict[str, torch.Tensor]:
+    """:func:`fusekit.gms.problem.tiles_of_runs`, by :func:`_pad_tiles` for ``"pad"``."""
+    from fusekit.gms.problem import tiles_of_runs
+
+    if schedule != "pad":
+        return tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule)
+    names = ("tile_segment", "tile_start", "tile_end", "block_ptr", "item_ptr")
+    return dict(zip(names, map(torch.from_numpy, _pad_tiles(run_ptr, tile_rows)), strict=True))
+
+
 def _block_rows(dst_ptr: np.ndarray, blocks: int) -> np.ndarray:
     r""":func:`fusekit.gms.problem.block_rows` (its reference) by one search per block.
 
@@ -782,7 +822,7 @@ class Hits:
         """
         import torch
 
-        from fusekit.gms.problem import empty_plan_with_tiles, tiles_of_runs
+        from fusekit.gms.problem import empty_plan_with_tiles
 
         e, n_out = self.num_pairs, self.mask.shape[0]
         first_row = _block_rows(self.dst_ptr, blocks)
@@ -790,7 +830,7 @@ class Hits:
         np.cumsum(self.counts, 0, out=before[1:])
         run_ptr = _run_ptr(first_row, before, self.mask, self.offset_ptr)
         out = empty_plan_with_tiles(
-            tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, schedule),
+            _tiles(run_ptr, tile_rows, schedule),
             num_pairs=e,
             n_in=self.n_in,
             n_out=n_out,
