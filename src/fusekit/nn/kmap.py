@@ -28,7 +28,8 @@ Two builders, with equal results (tests compare both with spconv's own indice pa
   pairs come in the same order, so the mirrors are counted, not searched. The counts are the
   selector's features (:meth:`Hits.features`), so the configuration is chosen before any pair
   is written. *Pass 2* (:meth:`Hits.plan`) writes every pair once, straight into the chosen
-  configuration's packed gms plan (:func:`fusekit.gms.problem.empty_plan`), with the CSRs by
+  configuration's packed gms plan (:func:`fusekit.gms.problem.empty_plan`, whose host buffer
+  is a pooled one no tensor views any more, so the pages are already mapped), with the CSRs by
   output and input row; the :class:`KernelMap` is views of that plan. :func:`build` is pass 1
   and pass 2 into plain arrays.
 * :func:`build_reference` (plain torch, any device, also the GPU path of :func:`build`): the
