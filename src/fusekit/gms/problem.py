@@ -534,14 +534,19 @@ def _forget_parsed(j: int) -> None:
     checks and views, as any plan the memo has forgotten).
     """
     base = _POOL[j].ctypes.data
-    for key in [
-        key
-        for key, hit in _PARSED.items()
-        if hit[0].buffer is not None
-        and hit[0].buffer.device.type == "cpu"
-        and hit[0].buffer.untyped_storage().data_ptr() == base
-    ]:
-        del _PARSED[key]
+    # list(): one C call, so another thread's parse cannot change the memo mid-iteration; the
+    # comprehension's own scope holds no plan once it returns
+    for key in [key for key, hit in list(_PARSED.items()) if _views(hit[0].buffer, base)]:
+        _PARSED.pop(key, None)
+
+
+def _views(buffer: torch.Tensor | None, base: int) -> bool:
+    """Whether a parsed plan's ``buffer`` lives in the host memory starting at ``base``."""
+    return (
+        buffer is not None
+        and buffer.device.type == "cpu"
+        and buffer.untyped_storage().data_ptr() == base
+    )
 
 
 def _pooled(numel: int) -> torch.Tensor | None:
