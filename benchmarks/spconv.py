@@ -17,6 +17,12 @@ and the shipped real scan 251370668 (15,772 voxels, a sparse HDL-32E sweep); C_i
   call, and ``floor: bare GEMMs``: the 27 per-offset GEMMs on rows gathered beforehand (no
   gather, no scatter), the roofline reference of every row.
 
+Roofline ceiling: the per-offset GEMMs alone do ``FLOPs = 2 E C_in C_out`` (``E`` pairs), which
+take at least ``bound_s = FLOPs / peak`` on this machine (``peak``: ``hw.detect(refresh=True)
+.peak("fp32")``, about 68 GFLOP/s on the 2-core Zen 1 host), whatever the gather, scatter and map
+cost. So no implementation can beat spconv by more than ``ceiling_speedup = spconv's median /
+bound_s``, recorded on every row of the two forward studies (the same value on a problem's rows).
+
 Before timing, fusekit's outputs are checked against spconv's (forward) and the plain-torch
 peer's (gradients).
 
@@ -197,6 +203,7 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
     torch.testing.assert_close(ours_vendor.weight.grad, peer.weight.grad, atol=1e-2, rtol=1e-4)
 
     flops = 2 * kmap.num_pairs * c * c
+    bound_s = flops / target.peak("fp32")  # the GEMMs at peak: no forward can take less
     records: list[dict[str, object]] = []
     floor_s = None
     for study, impls in studies.items():
@@ -217,6 +224,9 @@ def run_config(cfg: Config, target: CPUTarget, repeats: int) -> list[dict[str, o
                     "q10_s": q10,
                     "q90_s": q90,
                     "speedup": times[peer_name][0] / median if study != "phases" else None,
+                    "ceiling_speedup": times[SPCONV][0] / bound_s
+                    if study in ("forward, map built", "forward, map reused")
+                    else None,
                     "gemm_flops_per_s": flops / median,
                     "fraction_of_peak": flops / median / target.peak("fp32"),
                     "spconv_wrong_rows": wrong_rows,
@@ -280,7 +290,12 @@ def main() -> None:
             print(
                 f"{cfg.label:26s} {study:30s} {peer['impl'][:18]:18s} "
                 f"{1e3 * peer['median_s']:8.1f} ms  fusekit "
-                + "  ".join(f"{1e3 * r['median_s']:8.1f} ms {r['speedup']:5.2f}x" for r in ours),
+                + "  ".join(f"{1e3 * r['median_s']:8.1f} ms {r['speedup']:5.2f}x" for r in ours)
+                + (
+                    f"  (ceiling {peer['ceiling_speedup']:.2f}x)"
+                    if peer["ceiling_speedup"] is not None
+                    else ""
+                ),
                 flush=True,
             )
         phases = {r["impl"]: 1e3 * r["median_s"] for r in rows if r["study"] == "phases"}  # type: ignore[operator]

@@ -231,3 +231,104 @@ def test_many_chunks_of_a_sorted_scan():
         assert torch.equal(getattr(m, name), getattr(ref, name)), name
     expected = plan(ref.problem(), tile_rows=16, blocks=3, orders=False)
     assert torch.equal(fused.packed, expected.packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_bounds_check_equals_reference(dtype):
+    bounds = torch.tensor([2, *SHAPE])
+    idx = voxels().to(dtype)
+    cases = [idx, idx[:0], idx.flip(0)]
+    for row, axis, value in ((0, 0, 2), (5, 1, -1), (len(idx) - 1, 3, SHAPE[2]), (9, 2, 7)):
+        bad = idx.clone()
+        bad[row, axis] = value
+        cases.append(bad)
+    for case in cases:
+        got = km._outside(case.numpy(), bounds.numpy())
+        assert got == km._outside_reference(case, bounds)
+
+
+def test_row_runs_equal_key_runs():
+    import numpy as np
+
+    for idx in (voxels(), voxels(n=1), voxels(n=3000, batches=3, seed=2)):
+        keys, rows, _ = km._linear_keys(idx.numpy(), *SHAPE)
+        order = np.argsort(keys, kind="stable")
+        fast = km._row_runs(rows[order], idx.numpy()[order, 3])
+        for got, ref in zip(fast, km._key_runs(keys[order], SHAPE[2]), strict=True):
+            assert np.array_equal(got, ref)
+
+
+def test_plan_buffers_are_reused_only_when_nothing_views_them():
+    import gc
+
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    args = (scan.coords, scan.spatial_shape, 1)
+    _, held = km.find_hits(*args).plan(16, 3, "pad")
+    kept = held.packed.clone()
+    m, other = km.find_hits(*args).plan(16, 3, "pad")  # the first is alive: a new buffer
+    ptr = other.packed.untyped_storage().data_ptr()
+    assert ptr != held.packed.untyped_storage().data_ptr()
+    gather = m.gather  # a view outliving its plan and map still pins the buffer
+    del m, other
+    gc.collect()
+    _, third = km.find_hits(*args).plan(16, 3, "pad")
+    assert third.packed.untyped_storage().data_ptr() != ptr
+    del gather, third
+    gc.collect()
+    _, fourth = km.find_hits(*args).plan(16, 3, "pad")  # now nothing views it: reused
+    assert fourth.packed.untyped_storage().data_ptr() == ptr
+    assert torch.equal(fourth.packed, kept) and torch.equal(held.packed, kept)
+
+
+def test_parallel_mirror_equals_serial():
+    import numpy as np
+
+    from fusekit.data.voxels import lidar_like
+
+    scan = lidar_like(20_000)
+    hits = km.find_hits(scan.coords, scan.spatial_shape, 1)
+    assert hits.symmetric
+    lower_mask = hits.mask & 0x1FFF  # pass 1's state: the 13 offsets before the centre
+    lower_counts = hits.counts.copy()
+    lower_counts[:, 13:] = 0
+    mask, counts = lower_mask.copy(), lower_counts.copy()
+    km._mirror(hits.hits, hits.hit_ptr, mask, counts, km._DEBRUIJN)
+    assert np.array_equal(mask, hits.mask) and np.array_equal(counts, hits.counts)
+    for parts in (1, 2, 3, 7, 40):
+        got_mask, got_counts = lower_mask.copy(), lower_counts.copy()
+        km._mirror_parallel(hits.hits, hits.hit_ptr, got_mask, got_counts, km._DEBRUIJN, parts)
+        assert np.array_equal(got_mask, mask) and np.array_equal(got_counts, counts), parts
+
+
+def test_block_rows_equal_reference():
+    import numpy as np
+
+    from fusekit.gms.problem import block_rows
+
+    gen = np.random.default_rng(0)
+    ptrs = [np.zeros(1, np.int64), np.zeros(6, np.int64)]
+    ptrs += [np.concatenate([[0], np.cumsum(gen.integers(0, 9, n))]) for n in (1, 7, 1000)]
+    for ptr in ptrs:
+        for blocks in (1, 2, 3, 8, 32, 2000):
+            ref = block_rows(torch.from_numpy(ptr), blocks).numpy()
+            assert np.array_equal(km._block_rows(ptr, blocks), ref), (len(ptr), blocks)
+
+
+def test_pad_tiles_equal_reference():
+    import numpy as np
+
+    from fusekit.gms.problem import tiles_of_runs
+
+    gen = np.random.default_rng(1)
+    for segments, blocks in ((1, 1), (27, 1), (27, 8), (3, 40)):
+        sizes = gen.integers(0, 40, (segments, blocks)) * (gen.random((segments, blocks)) > 0.2)
+        ends = np.cumsum(sizes.reshape(-1)).reshape(segments, blocks)
+        run_ptr = np.concatenate([ends[:, :1] - sizes[:, :1], ends], 1)
+        for tile_rows in (1, 4, 16, 64):
+            ref = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, "pad")
+            got = km._tiles(run_ptr, tile_rows, "pad")
+            assert ref.keys() == got.keys()
+            for name, value in ref.items():
+                assert torch.equal(got[name], value), (name, segments, blocks, tile_rows)

@@ -22,6 +22,8 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -507,6 +509,92 @@ class PlanBuffer:
         return GMSPlan.from_packed(self.buffer)
 
 
+#: Host buffers of plans that :func:`_plan_storage` hands out again once nothing views them.
+_POOL: list[Any] = []
+_POOL_KEPT = 4
+_POOL_LOCK = threading.Lock()
+
+
+def _pool_free(j: int) -> bool:
+    """Whether nothing but the pool holds ``_POOL[j]``.
+
+    A tensor made by ``torch.from_numpy`` keeps one reference to its array for as long as any
+    tensor or view shares its storage, and a numpy view references its base, so the array's
+    reference count is 2 here (the pool's list and this call's argument) exactly when no view
+    of it is alive anywhere.
+    """
+    return sys.getrefcount(_POOL[j]) == 2
+
+
+def _forget_parsed(j: int) -> None:
+    """Drop the entries of :meth:`GMSPlan.from_packed`'s memo that view ``_POOL[j]``.
+
+    The memo keeps the last 16 plans alive, so a plan nobody else holds would pin its buffer
+    for 16 more plans. A dropped plan still in use is parsed again at its next call (O(1)
+    checks and views, as any plan the memo has forgotten).
+    """
+    base = _POOL[j].ctypes.data
+    # list(): one C call, so another thread's parse cannot change the memo mid-iteration; the
+    # comprehension's own scope holds no plan once it returns
+    for key in [key for key, hit in list(_PARSED.items()) if _views(hit[0].buffer, base)]:
+        _PARSED.pop(key, None)
+
+
+def _views(buffer: torch.Tensor | None, base: int) -> bool:
+    """Whether a parsed plan's ``buffer`` lives in the host memory starting at ``base``."""
+    return (
+        buffer is not None
+        and buffer.device.type == "cpu"
+        and buffer.untyped_storage().data_ptr() == base
+    )
+
+
+def _pooled(numel: int) -> torch.Tensor | None:
+    """A pooled buffer of at least ``numel`` (at most twice) that nothing views, or ``None``.
+
+    A candidate is first freed of the parse memo's entries (:func:`_forget_parsed`).
+    """
+    import torch
+
+    for j in sorted(range(len(_POOL)), key=lambda j: _POOL[j].shape[0]):
+        if not numel <= _POOL[j].shape[0] <= 2 * numel:
+            continue
+        _forget_parsed(j)
+        if _pool_free(j):
+            return torch.from_numpy(_POOL[j][:numel])
+    return None
+
+
+def _plan_storage(numel: int, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised int64 tensor of ``numel`` for a packed plan, its pages cheap to fill.
+
+    A fresh plan is tens of megabytes (a 160k-voxel kernel map: 50 MB) written once. In pages
+    just mapped that costs a fault and a zeroed page per 4 KiB (filling 50 MB measured 26 ms in
+    a fresh ``torch.empty`` buffer, 6.1 ms in mapped pages), and a plan is built per fresh
+    kernel map. So CPU buffers are kept in a small pool (:data:`_POOL`, 4 buffers) and handed
+    out again once no tensor views them (:func:`_pool_free`): a plan still held (a map cached
+    under an ``indice_key``) is never overwritten. New ones come from numpy, which advises
+    transparent huge pages for arrays of 4 MiB and more. Reference: ``torch.empty``, as on
+    other devices.
+    """
+    import numpy as np
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return torch.empty(numel, dtype=torch.int64, device=device)
+    with _POOL_LOCK:
+        reused = _pooled(numel)
+        if reused is not None:
+            return reused
+        base = np.empty(numel, np.int64)
+        out = torch.from_numpy(base)
+        _POOL.append(base)
+        if len(_POOL) > _POOL_KEPT:  # forget the oldest buffer nothing views, else the oldest
+            free = [j for j in range(len(_POOL) - 1) if _pool_free(j)]
+            del _POOL[free[0] if free else 0]
+        return out
+
+
 def empty_plan(
     *,
     num_pairs: int,
@@ -572,7 +660,7 @@ def empty_plan(
         raise RuntimeError(f"gms: GMSPlan fields changed: {_TENSOR_FIELDS}")
     parts = [8, *lengths.values()] + [0] * (2 * (2 + len(_TENSOR_FIELDS)))
     head = [_MAGIC, len(parts), *parts]
-    buffer = torch.empty(len(head) + sum(parts), dtype=torch.int64, device=device)
+    buffer = _plan_storage(len(head) + sum(parts), device)
     meta = [_MAGIC, e, n_in, n_out, s, REDUCES.index(reduce), tile_rows]
     buffer[: len(head) + 8] = torch.tensor([*head, *meta, SCHEDULES.index(schedule)])
     views = dict(
