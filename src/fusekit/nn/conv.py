@@ -396,9 +396,9 @@ class SubMConv3d(_SparseConv):
         dilation: 1.
         bias: add a learned bias.
         indice_key: layers with one key share a kernel map on a :class:`SparseTensor`.
-        strategy: ``"auto"`` (the gms selector's choice) or a gms dataflow to run pairwise,
-            e.g. ``"G-Mseg-S"`` (the selector models the forward only; in training the
-            vendor-GEMM gradients of ``G-Mseg-S`` can be faster, see ``benchmarks/spconv.py``).
+        strategy: ``"auto"`` (the gms selector's choice; under autograd the device's
+            :data:`~fusekit.nn.engine.TRAINING_STRATEGY`) or a gms dataflow to run pairwise,
+            e.g. ``"G-Mseg-S"``.
         device, dtype: of the parameters.
     """
 
