@@ -72,6 +72,23 @@ def test_forward_backward_against_dense_and_reference(cls, kwargs, dtype):
     torch.testing.assert_close(layer.bias.grad, b2.grad, **tol)
 
 
+def test_subm_input_gradient_runs_on_the_forward_plan():
+    # offsets k and 26 - k mirror each other, so no transposed plan is built for dX
+    torch.manual_seed(0)
+    layer = SubMConv3d(5, 7, 3, bias=False, indice_key="k")
+    idx = voxels()
+    x = torch.randn(len(idx), 5, requires_grad=True)
+    sparse = SparseTensor(x, idx, SHAPE, 2)
+    out = layer(sparse)
+    (out.features**2).sum().backward()
+    (plan,) = [p for p, _ in sparse.maps["k"].plans.values()]
+    assert plan.memo.get("mirrored") and "transposed" not in plan.memo
+    kmap = km.build_reference(idx, SHAPE, 2, (1, 1, 1), (0, 0, 0), True)
+    x2 = x.detach().clone().requires_grad_()
+    (conv_reference(x2, layer.weight.detach(), None, kmap) ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-5)
+
+
 def out_in(x: torch.Tensor, idx: torch.Tensor) -> SparseTensor:
     return SparseTensor(x.detach(), idx, SHAPE, 2)
 

@@ -152,6 +152,17 @@ def _order_plan(plan: GMSPlan, strategy: Strategy) -> OrderPlan:
     return sub
 
 
+def mark_mirrored(plan: GMSPlan) -> None:
+    """Declare ``plan``'s pairs closed under ``(d, g, s) -> (g, d, S - 1 - s)``.
+
+    A submanifold kernel map is: input ``j`` is output ``i``'s neighbour at offset ``k`` exactly
+    when ``i`` is ``j``'s at offset ``26 - k``. Then the input gradient
+    ``dX[g] += dY[d] @ W[s]^T`` is the forward problem on the plan itself with
+    ``W'[s] = W[S - 1 - s]^T``, and :func:`transposed_plan` need not be built.
+    """
+    plan.memo["mirrored"] = True
+
+
 def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
     """The plan of the input-gradient problem and ``perm``, computed once per plan (``memo``).
 
@@ -272,8 +283,10 @@ def _input_gradient(
     """``dX[g[p]] += c[p] * B[b_index[p]] @ W[s[p]]^T`` (``shape`` rows, compute dtype).
 
     On the CPU for ``sum``/``mean`` (``B = dY``, ``b_index = d``): (GMS)seg on
-    :func:`transposed_plan`. Otherwise the pair products (the vendor segment GEMM on gathered
-    rows for ``G-Mseg-S``, the numba segment products else) reduced by gather row.
+    :func:`transposed_plan`, or on the plan itself with the segments' weights reversed when it is
+    marked mirrored (:func:`mark_mirrored`) and unscaled. Otherwise the pair products (the
+    vendor segment GEMM on gathered rows for ``G-Mseg-S``, the numba segment products else)
+    reduced by gather row.
     """
     import torch
 
@@ -281,6 +294,10 @@ def _input_gradient(
     w_t = w.transpose(1, 2).contiguous()
     dx = torch.zeros(shape, dtype=b.dtype, device=dev)
     if not vendor_gemm and dev.type == "cpu" and plan.reduce != "max":
+        if plan.memo.get("mirrored") and c is None and plan.n_in == plan.n_out:
+            mirrored = w_t.flip(0).contiguous()
+            dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, mirrored, plan, None)
+            return dx
         t_plan, perm = transposed_plan(plan)
         t_scale = c[perm] if c is not None else None
         dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, w_t, t_plan, t_scale)

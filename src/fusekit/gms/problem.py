@@ -275,6 +275,7 @@ class GMSPlan:
         """
         if self.buffer is None:
             raise ValueError(expected("gms", "plan", "a top-level plan", "an order sub-plan"))
+        _remember(self)
         return self.buffer
 
     @classmethod
@@ -293,9 +294,7 @@ class GMSPlan:
             _PARSED.move_to_end(key)
             return hit[0]
         parsed = cls._parse(packed)
-        _PARSED[key] = (parsed, packed._version)
-        if len(_PARSED) > _PARSED_KEPT:
-            _PARSED.popitem(last=False)
+        _remember(parsed)
         return parsed
 
     @classmethod
@@ -330,6 +329,22 @@ class GMSPlan:
 #: Plans parsed by :meth:`GMSPlan.from_packed`, most recent last (each keeps its buffer alive).
 _PARSED: OrderedDict[int, tuple[GMSPlan, int]] = OrderedDict()
 _PARSED_KEPT = 16
+
+
+def _remember(plan: GMSPlan) -> None:
+    """Make ``plan`` what :meth:`GMSPlan.from_packed` returns for its buffer at its version.
+
+    Called when a plan hands out :attr:`GMSPlan.packed`: the op that receives the buffer then
+    works on this very plan, so what was memoised on it (``memo``: host views, the transposed
+    plan of the input gradient, a mirrored-pairs mark) is not lost to a second parse.
+    """
+    if plan.buffer is None:
+        return
+    key = id(plan.buffer)
+    _PARSED[key] = (plan, plan.buffer._version)
+    _PARSED.move_to_end(key)
+    if len(_PARSED) > _PARSED_KEPT:
+        _PARSED.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

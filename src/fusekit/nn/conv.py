@@ -347,6 +347,7 @@ class _SparseConv(torch.nn.Module):
                 ``indice_key`` reused on other indices.
         """
         from fusekit.gms import gms
+        from fusekit.gms.dispatch import mark_mirrored
         from fusekit.gms.launch import launch
 
         name = type(self).__name__
@@ -372,6 +373,8 @@ class _SparseConv(torch.nn.Module):
         plan, cfg = entry.plan_for(
             self.in_channels, self.out_channels, x.features.dtype, x.features.device, strategy
         )
+        if self.subm:  # offsets k and 26 - k mirror each other: dX runs on this plan
+            mark_mirrored(plan)
         # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
         w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
         with launch(cfg.launch):
