@@ -18,10 +18,10 @@ path does the whole expert half in one call, with no torch op in between:
 4. per token: ``y[t] = sum_j pi[t, j] Z[pos[t k + j]]``.
 
 Items are whole experts when dealing them to threads by cost, longest first
-(:func:`~fusekit.gms.kernels.cpu.skinny.lpt_schedule`: a popular expert's item costs many small
+(:func:`~fusekit.gms.kernels.cpu.schedule.lpt_schedule`: a popular expert's item costs many small
 ones), comes within :data:`BALANCE_SLACK` of an even split; otherwise experts are split into the
 fewest column ranges that balance the threads
-(:func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks`). The products are
+(:func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks`). The products are
 :func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w` (weight-streaming for few rows, packed
 panels for many), gathering ``x`` rows in place. The
 reference is the general path (:class:`fusekit.nn.moe._ExpertsFn`), which the tests compare with.
@@ -38,13 +38,8 @@ from numba import prange
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
-from fusekit.gms.kernels.cpu.skinny import (
-    balanced_chunks,
-    item_cost,
-    lpt_schedule,
-    rows_times_w,
-    segment_block,
-)
+from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
+from fusekit.gms.kernels.cpu.skinny import item_cost, rows_times_w, segment_block
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 
 #: Most pairs one expert may receive on this path: up to 64 the fused call beats the general
@@ -144,7 +139,7 @@ def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
 
     Whole experts when their LPT deal is within :data:`BALANCE_SLACK` of an even split (full-width
     rows run 10-15% faster than half-width ones); otherwise the
-    :func:`~fusekit.gms.kernels.cpu.skinny.balanced_chunks` split, which gives every thread the
+    :func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks` split, which gives every thread the
     same number of (expert, range) items (e.g. one or three experts on two threads).
     """
     total = 0.0

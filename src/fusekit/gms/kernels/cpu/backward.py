@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad
-from fusekit.gms.kernels.cpu.skinny import lpt_schedule
+from fusekit.gms.kernels.cpu.schedule import lpt_schedule
 from fusekit.gms.kernels.cpu.tile import (
     FASTMATH,
     MR,

@@ -32,6 +32,7 @@ import numpy as np
 from numba import prange
 
 from fusekit.gms.kernels.cpu.rows import numpy_of
+from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
 from fusekit.gms.kernels.cpu.tile import FASTMATH, MR, MR_NR, NR, stack_buffer
 
 if TYPE_CHECKING:
@@ -209,35 +210,6 @@ def item_cost(rows, width):  # type: ignore[no-untyped-def]
     return width * (ROWS_AT_BALANCE + rows)
 
 
-@numba.njit(cache=True)
-def lpt_schedule(costs, threads):  # type: ignore[no-untyped-def]
-    """Items to threads, longest processing time first.
-
-    Each item, dearest first, goes to the least loaded thread (within 4/3 of the best split).
-    Returns ``(order, ptr)``: thread ``t`` runs ``order[ptr[t]:ptr[t + 1]]``. A static
-    ``prange`` over items would split them by count, and one popular expert can cost as much as
-    all the others together.
-    """
-    threads = max(1, threads)
-    load = np.zeros(threads)
-    owner = np.empty(costs.shape[0], dtype=np.int64)
-    for i in np.argsort(-costs):
-        t = np.argmin(load)
-        owner[i] = t
-        load[t] += costs[i]
-    ptr = np.zeros(threads + 1, dtype=np.int64)
-    for i in range(costs.shape[0]):
-        ptr[owner[i] + 1] += 1
-    for t in range(threads):
-        ptr[t + 1] += ptr[t]
-    fill = ptr[:-1].copy()
-    order = np.empty(costs.shape[0], dtype=np.int64)
-    for i in range(costs.shape[0]):
-        order[fill[owner[i]]] = i
-        fill[owner[i]] += 1
-    return order, ptr
-
-
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # type: ignore[no-untyped-def]
     cols = w.shape[2]
@@ -255,20 +227,6 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # typ
             c0 = c * cols // chunks
             c1 = (c + 1) * cols // chunks
             segment_block(a, w[s], bounds[s], bounds[s + 1], c0, c1, out)
-
-
-@numba.njit(cache=True)
-def balanced_chunks(items: int, threads: int) -> int:
-    """Column ranges per item: ``threads / gcd(items, threads)``.
-
-    The fewest that give every thread the same number of (item, range) pairs (whole matrices
-    stream best). Compiled, so kernels call it too.
-    """
-    threads = max(1, threads)
-    a, b = items, threads
-    while b:
-        a, b = b, a % b
-    return threads // max(a, 1)
 
 
 def segment_skinny_mm(
