@@ -171,3 +171,43 @@ def test_sorted_plan_with_more_blocks_than_rows_packs():
         one, one, one, n_in=1, n_out=1, num_segments=1, tile_rows=1, blocks=2, schedule="pack"
     )
     assert pl.item_ptr.tolist() == [0, 1] and pl.block_ptr.tolist() == [0, 1, 1]
+
+
+def test_an_in_place_edit_of_the_plan_drops_its_memo():
+    # a transposed plan memoised on P must not serve P's buffer once it holds another problem
+    torch.manual_seed(0)
+    g, s, d = (
+        torch.randint(0, 30, (200,)),
+        torch.randint(0, 3, (200,)),
+        torch.randint(0, 25, (200,)),
+    )
+    p = plan(GMSProblem.create(g, s, d, 25, n_in=30, num_segments=3))
+    other = plan(GMSProblem.create(torch.randperm(30)[g], s, d, 25, n_in=30, num_segments=3))
+    x = torch.randn(30, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, 5, dtype=torch.float64)
+
+    def dx(pl):
+        y = gms(x, w, pl, None, "(GMS)seg")
+        return torch.autograd.grad(y, x, torch.ones_like(y))[0]
+
+    dx(p)
+    with torch.no_grad():
+        p.buffer.copy_(other.buffer)
+    torch.testing.assert_close(dx(p), dx(other))
+
+
+@pytest.mark.parametrize("segments", [3, 4])
+def test_a_mirrored_plan_runs_its_input_gradient_on_itself(segments):
+    # pairs closed under (d, g, s) -> (g, d, 2 - s); w may have more matrices than the plan
+    from fusekit.gms.dispatch import mark_mirrored
+
+    d, g, s = torch.tensor([0, 1, 0]), torch.tensor([1, 0, 0]), torch.tensor([0, 2, 1])
+    pl = plan(GMSProblem.create(g, s, d, 2, n_in=2, num_segments=3))
+    x = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(segments, 2, 2, dtype=torch.float64)
+    ones = torch.ones(2, 2, dtype=torch.float64)
+    want = torch.autograd.grad(gms(x, w, pl, None, "G-Mseg-S"), x, ones)[0]
+    mark_mirrored(pl)
+    got = torch.autograd.grad(gms(x, w, pl, None, "(GMS)seg"), x, ones)[0]
+    assert "transposed" not in pl.memo
+    torch.testing.assert_close(got, want)

@@ -228,3 +228,43 @@ def test_cuda_equals_cpu(cls, kwargs):
     gpu = layer.cuda()(SparseTensor(x.cuda(), idx.cuda(), SHAPE, 2))
     assert torch.equal(gpu.indices.cpu(), cpu.indices)
     torch.testing.assert_close(gpu.features.cpu(), cpu.features, atol=1e-4, rtol=1e-4)
+
+
+def test_a_subm_layer_on_a_shared_regular_map_does_not_mirror_it():
+    # SparseConv3d (stride 1, no padding) builds the map under "k"; SubM then reuses that map,
+    # which is not closed under mirrored offsets: both keep exact input gradients
+    torch.manual_seed(0)
+    # one voxel: the regular map has one pair, at offset 0, and as many outputs as inputs
+    idx = torch.tensor([[0, 0, 0, 0]]).int()
+    f = torch.randn(1, 3, dtype=torch.float64)
+    regular = SparseConv3d(3, 3, 3, stride=1, padding=0, bias=False, indice_key="k")
+    subm = SubMConv3d(3, 3, 3, bias=False, indice_key="k")
+    regular, subm = regular.double(), subm.double()
+    maps = SparseTensor(f, idx, (3, 3, 3), 1).maps
+    grads = {}
+    for layer in (regular, subm, regular):
+        for strategy in ("(GMS)seg", "G-Mseg-S"):
+            layer.strategy = strategy
+            x = f.clone().requires_grad_()
+            out = layer(SparseTensor(x, idx, (3, 3, 3), 1, maps=maps)).features
+            (out**2).sum().backward()
+            grads.setdefault(id(layer), {}).setdefault(strategy, []).append(x.grad)
+    for by_strategy in grads.values():
+        for got, want in zip(by_strategy["(GMS)seg"], by_strategy["G-Mseg-S"], strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_keyed_subm_layers_never_build_a_transposed_plan(monkeypatch):
+    import fusekit.gms.dispatch as dispatch
+
+    built = []
+    real = dispatch.transposed_plan
+    monkeypatch.setattr(dispatch, "transposed_plan", lambda p: built.append(p) or real(p))
+    torch.manual_seed(0)
+    idx = voxels()
+    first = SubMConv3d(5, 5, 3, bias=False, indice_key="a")
+    second = SubMConv3d(5, 5, 3, bias=False, indice_key="b")
+    for _ in range(3):  # a fresh map per step: the pool hands buffers round
+        x = torch.randn(len(idx), 5, requires_grad=True)
+        second(first(SparseTensor(x, idx, SHAPE, 2))).features.sum().backward()
+    assert built == []

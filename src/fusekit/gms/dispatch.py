@@ -295,7 +295,7 @@ def _input_gradient(
     dx = torch.zeros(shape, dtype=b.dtype, device=dev)
     if not vendor_gemm and dev.type == "cpu" and plan.reduce != "max":
         if plan.memo.get("mirrored") and c is None and plan.n_in == plan.n_out:
-            mirrored = w_t.flip(0).contiguous()
+            mirrored = w_t[: plan.num_segments].flip(0).contiguous()
             dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, mirrored, plan, None)
             return dx
         t_plan, perm = transposed_plan(plan)

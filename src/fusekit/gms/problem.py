@@ -288,11 +288,11 @@ class GMSPlan:
         Raises:
             ValueError: the tensor does not have the layout of a packed plan.
         """
-        key = id(packed)
-        hit = _PARSED.get(key)
-        if hit is not None and hit[0].buffer is packed and hit[1] == packed._version:
-            _PARSED.move_to_end(key)
-            return hit[0]
+        with _PARSED_LOCK:
+            hit = _PARSED.get(id(packed))
+            if hit is not None and hit[0].buffer is packed and hit[1] == packed._version:
+                _PARSED.move_to_end(id(packed))
+                return hit[0]
         parsed = cls._parse(packed)
         _remember(parsed)
         return parsed
@@ -329,6 +329,8 @@ class GMSPlan:
 #: Plans parsed by :meth:`GMSPlan.from_packed`, most recent last (each keeps its buffer alive).
 _PARSED: OrderedDict[int, tuple[GMSPlan, int]] = OrderedDict()
 _PARSED_KEPT = 16
+#: Guards :data:`_PARSED`: parses, registrations and the pool's sweep may run on several threads.
+_PARSED_LOCK = threading.RLock()
 
 
 def _remember(plan: GMSPlan) -> None:
@@ -336,15 +338,22 @@ def _remember(plan: GMSPlan) -> None:
 
     Called when a plan hands out :attr:`GMSPlan.packed`: the op that receives the buffer then
     works on this very plan, so what was memoised on it (``memo``: host views, the transposed
-    plan of the input gradient, a mirrored-pairs mark) is not lost to a second parse.
+    plan of the input gradient, a mirrored-pairs mark) is not lost to a second parse. The memo
+    is stamped with the buffer's version; if the buffer was edited in place since (its version
+    moved), everything derived from the old contents is dropped first, as a fresh parse would.
     """
     if plan.buffer is None:
         return
-    key = id(plan.buffer)
-    _PARSED[key] = (plan, plan.buffer._version)
-    _PARSED.move_to_end(key)
-    if len(_PARSED) > _PARSED_KEPT:
-        _PARSED.popitem(last=False)
+    version = plan.buffer._version
+    if plan.memo.setdefault("buffer version", version) != version:
+        plan.memo.clear()
+        plan.memo["buffer version"] = version
+    with _PARSED_LOCK:
+        key = id(plan.buffer)
+        _PARSED[key] = (plan, version)
+        _PARSED.move_to_end(key)
+        if len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -541,18 +550,24 @@ def _pool_free(j: int) -> bool:
     return sys.getrefcount(_POOL[j]) == 2
 
 
+#: References to a plan while :func:`_forget_parsed` looks at it when only the parse memo holds
+#: it: its ``(plan, version)`` entry and ``sys.getrefcount``'s argument.
+_MEMO_ONLY_REFS = 2
+
+
 def _forget_parsed(j: int) -> None:
     """Drop the entries of :meth:`GMSPlan.from_packed`'s memo that view ``_POOL[j]``.
 
     The memo keeps the last 16 plans alive, so a plan nobody else holds would pin its buffer
-    for 16 more plans. A dropped plan still in use is parsed again at its next call (O(1)
-    checks and views, as any plan the memo has forgotten).
+    for 16 more plans. Only plans that nothing but the memo holds are dropped: a plan a layer
+    keeps (with its memo: the transposed plan, a mirrored mark) stays what ``from_packed``
+    returns, and its buffer is not free anyway.
     """
     base = _POOL[j].ctypes.data
-    # list(): one C call, so another thread's parse cannot change the memo mid-iteration; the
-    # comprehension's own scope holds no plan once it returns
-    for key in [key for key, hit in list(_PARSED.items()) if _views(hit[0].buffer, base)]:
-        _PARSED.pop(key, None)
+    with _PARSED_LOCK:
+        for key, entry in list(_PARSED.items()):
+            if _views(entry[0].buffer, base) and sys.getrefcount(entry[0]) <= _MEMO_ONLY_REFS:
+                del _PARSED[key]
 
 
 def _views(buffer: torch.Tensor | None, base: int) -> bool:

@@ -55,11 +55,15 @@ class ConvMap:
     Attributes:
         indices: the input coordinates it was built from.
         hits: pass 1 of the map, until the first plan writes it (``None`` after, or off CPU).
+        subm: a submanifold map (outputs = inputs, offsets ``k`` and ``26 - k`` mirror each
+            other), so a layer's input gradient may run on its forward plan
+            (:func:`fusekit.gms.dispatch.mark_mirrored`).
         plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
     """
 
     indices: torch.Tensor
     hits: km.Hits | None = None
+    subm: bool = False
     built: km.KernelMap | None = None
     plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
         default_factory=dict
@@ -322,12 +326,12 @@ class _SparseConv(torch.nn.Module):
         if x.indices.device.type == "cpu":
             shape, stride = x.spatial_shape, self.stride
             hits = km.find_hits(x.indices, shape, x.batch_size, stride, self.padding, self.subm)
-            entry = ConvMap(x.indices, hits=hits)
+            entry = ConvMap(x.indices, hits=hits, subm=self.subm)
         else:
             built = km.build(
                 x.indices, x.spatial_shape, x.batch_size, self.stride, self.padding, self.subm
             )
-            entry = ConvMap(x.indices, built=built)
+            entry = ConvMap(x.indices, built=built, subm=self.subm)
         if self.indice_key is not None:
             x.maps[self.indice_key] = entry
         return entry
@@ -373,7 +377,7 @@ class _SparseConv(torch.nn.Module):
         plan, cfg = entry.plan_for(
             self.in_channels, self.out_channels, x.features.dtype, x.features.device, strategy
         )
-        if self.subm:  # offsets k and 26 - k mirror each other: dX runs on this plan
+        if entry.subm:  # a map built for SubM: offsets k and 26 - k mirror, dX runs on this plan
             mark_mirrored(plan)
         # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
         w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
