@@ -82,6 +82,8 @@ class ConvMap:
         self, k: int, m: int, dtype: torch.dtype, device: torch.device, strategy: str = "auto"
     ) -> tuple[Any, Any]:
         """The plan and configuration for operands of widths ``k``, ``m`` (cached)."""
+        from fusekit.gms.dispatch import mark_mirrored
+
         key = (k, m, dtype, str(device), strategy)
         if key in self.plans:
             return self.plans[key]
@@ -93,6 +95,8 @@ class ConvMap:
             cfg = choose(km.features_of(self.kmap, k, m, dtype), device, strategy)
             plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs)
             plan = plan.to(device) if device.type != "cpu" else plan
+        if self.subm:  # offsets k and 26 - k mirror each other: dX runs on this plan
+            mark_mirrored(plan)
         self.plans[key] = (plan, cfg)
         return plan, cfg
 
@@ -351,7 +355,6 @@ class _SparseConv(torch.nn.Module):
                 ``indice_key`` reused on other indices.
         """
         from fusekit.gms import gms
-        from fusekit.gms.dispatch import mark_mirrored
         from fusekit.gms.launch import launch
 
         name = type(self).__name__
@@ -377,8 +380,6 @@ class _SparseConv(torch.nn.Module):
         plan, cfg = entry.plan_for(
             self.in_channels, self.out_channels, x.features.dtype, x.features.device, strategy
         )
-        if entry.subm:  # a map built for SubM: offsets k and 26 - k mirror, dX runs on this plan
-            mark_mirrored(plan)
         # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
         w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
         with launch(cfg.launch):

@@ -940,10 +940,8 @@ def find_hits(
             row = int(max(order[same[0]], order[same[0] + 1]))
             raise ValueError(_duplicate_message(coords, row))
     out_shape = shape if subm else output_shape(shape, stride, padding)
-    if ascending:
-        in_rows, in_ptr, in_x, in_run = _row_runs(rows, coords[:, 3])
-    else:
-        in_rows, in_ptr, in_x, in_run = _row_runs(rows[order], coords[order, 3])
+    sorted_rows, sorted_x = (rows, coords[:, 3]) if ascending else (rows[order], coords[order, 3])
+    in_rows, in_ptr, in_x, in_run = _row_runs(sorted_rows, sorted_x)
     if subm:
         out_coords: Any = indices
         out_rows, out_run, out_order = in_rows, in_run, order

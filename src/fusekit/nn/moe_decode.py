@@ -115,7 +115,7 @@ def _item(item, chunks, hit, ptr, width):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True)
 def _lpt_items(hit, ptr, weights, chunks, threads):  # type: ignore[no-untyped-def]
-    """LPT deal of the items ``(hit expert, column range)``; returns ``(order, tptr, makespan)``.
+    """LPT deal of the items ``(hit expert, column range)``: ``(order, tptr, load)``.
 
     An item's cost is :func:`item_cost` of its rows and ``weights / chunks`` elements.
     """
@@ -123,14 +123,7 @@ def _lpt_items(hit, ptr, weights, chunks, threads):  # type: ignore[no-untyped-d
     for item in range(costs.shape[0]):
         e = hit[item // chunks]
         costs[item] = item_cost(ptr[e + 1] - ptr[e], weights // chunks)
-    order, tptr = lpt_schedule(costs, threads)
-    makespan = 0.0
-    for th in range(tptr.shape[0] - 1):
-        load = 0.0
-        for q in range(tptr[th], tptr[th + 1]):
-            load += costs[order[q]]
-        makespan = max(makespan, load)
-    return order, tptr, makespan
+    return lpt_schedule(costs, threads)
 
 
 @numba.njit(cache=True)
@@ -142,11 +135,8 @@ def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
     :func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks` split, which gives every thread the
     same number of (expert, range) items (e.g. one or three experts on two threads).
     """
-    total = 0.0
-    for e in hit:
-        total += item_cost(ptr[e + 1] - ptr[e], weights)
-    order, tptr, makespan = _lpt_items(hit, ptr, weights, 1, threads)
-    if makespan <= BALANCE_SLACK * total / max(1, threads):
+    order, tptr, load = _lpt_items(hit, ptr, weights, 1, threads)
+    if load.max() <= BALANCE_SLACK * load.mean():
         return 1, order, tptr
     chunks = balanced_chunks(hit.shape[0], threads)
     order, tptr, _ = _lpt_items(hit, ptr, weights, chunks, threads)

@@ -110,7 +110,7 @@ def _segment_outer_kernel(  # type: ignore[no-untyped-def]
     costs = np.zeros(n_segments)
     for s in range(n_segments):
         costs[s] = max(0, segment_ptr[s + 1] - segment_ptr[s])
-    order, tptr = lpt_schedule(costs, threads)
+    order, tptr, _ = lpt_schedule(costs, threads)
     # chunk buffers padded to whole register tiles, the padding zero
     k_pad = (K + MR - 1) // MR * MR
     m_pad = (M + NR - 1) // NR * NR

@@ -16,7 +16,8 @@ def lpt_schedule(costs, threads):  # type: ignore[no-untyped-def]
     """Items to threads, longest processing time first.
 
     Each item, dearest first, goes to the least loaded thread (within 4/3 of the best split).
-    Returns ``(order, ptr)``: thread ``t`` runs ``order[ptr[t]:ptr[t + 1]]``. A static
+    Returns ``(order, ptr, load)``: thread ``t`` runs ``order[ptr[t]:ptr[t + 1]]``, costing
+    ``load[t]``. A static
     ``prange`` over items would split them by count, and one popular expert can cost as much as
     all the others together.
     """
@@ -37,7 +38,7 @@ def lpt_schedule(costs, threads):  # type: ignore[no-untyped-def]
     for i in range(costs.shape[0]):
         order[fill[owner[i]]] = i
         fill[owner[i]] += 1
-    return order, ptr
+    return order, ptr, load
 
 
 @numba.njit(cache=True)

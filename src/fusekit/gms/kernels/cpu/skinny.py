@@ -218,7 +218,7 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # typ
     for item in range(n):
         s = segments[item // chunks]
         costs[item] = item_cost(bounds[s + 1] - bounds[s], cols // chunks)
-    order, ptr = lpt_schedule(costs, threads)
+    order, ptr, _ = lpt_schedule(costs, threads)
     for th in prange(threads):
         for q in range(ptr[th], ptr[th + 1]):
             item = order[q]
