@@ -18,6 +18,14 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
   and once with the GEMM fusekit runs (``floor segment_mm``: gms's segment GEMM, whose segments
   of at most 32 rows use the weight-streaming kernel); ``over_floor`` is over the faster.
 
+Forward+backward (``--train-tokens``, default 4, 64, 1024): ``dx``, the expert weights'
+gradients and the routing weights' gradient of ``sum(y * dy)``, through autograd for the hf loop
+and the ``grouped_mm`` composition and through ``fusekit.nn.MoE``'s own backward (expert
+segments; the transposed weights read as views, :func:`fusekit.nn.moe.swiglu_backward`). Every
+gradient is checked against the hf loop's first. Its roofline counts the three GEMMs per
+forward GEMM (``3 x`` the forward FLOPs) and, as bytes, the active experts' weights read twice
+(forward, ``dx``) and every expert's gradient written once.
+
 Roofline: with few tokens the expert weights must stream from DRAM once (bytes = active experts x
 3 x hidden x ffn x 4), bound = bytes / the read bandwidth (``fusekit.hw.detect.read_bytes_per_s``:
 a 256 MiB sum, nothing written, so the copy rate would understate it; measured before and after
@@ -54,6 +62,7 @@ SHAPES = {  # name: (experts, top_k, hidden, ffn)
     "64x6 h1024 f512": (64, 6, 1024, 512),
 }
 TOKENS = (1, 4, 16, 64, 256, 1024)
+TRAIN_TOKENS = (4, 64, 1024)
 
 
 def hf_experts(num_experts: int, hidden: int, ffn: int) -> torch.nn.Module:
@@ -177,6 +186,7 @@ def run_shape(shape: str, tokens: int, repeats: int, budget_s: float) -> list[di
     for name, median in times.items():
         rows.append(
             {
+                "study": "forward",
                 "problem": f"{shape} T={tokens}",
                 "shape": shape,
                 "tokens": tokens,
@@ -193,6 +203,82 @@ def run_shape(shape: str, tokens: int, repeats: int, budget_s: float) -> list[di
     return rows
 
 
+def run_training(shape: str, tokens: int, repeats: int, budget_s: float) -> list[dict[str, object]]:
+    """Forward+backward of the three contenders on one shape and token count."""
+    num_experts, top_k, hidden, ffn = SHAPES[shape]
+    torch.manual_seed(0)
+    batch = moe_batch(tokens, hidden, num_experts, top_k, skew=1.0, seed=tokens)
+    wts, idx = batch.route()
+    hf = hf_experts(num_experts, hidden, ffn)
+    moe = MoE(hidden, ffn, num_experts, top_k)
+    with torch.no_grad():
+        moe.w_gate_up.copy_(hf.gate_up_proj.transpose(1, 2))
+        moe.w_down.copy_(hf.down_proj.transpose(1, 2))
+    gu = moe.w_gate_up.detach().clone().requires_grad_()
+    dn = moe.w_down.detach().clone().requires_grad_()
+    x = batch.x.clone().requires_grad_()
+    w = wts.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    leaves = {  # the gradients each contender produces: dx, d routing weights, d gate|up, d down
+        "hf loop": (hf.gate_up_proj, hf.down_proj),
+        "grouped_mm": (gu, dn),
+        "fusekit": (moe.w_gate_up, moe.w_down),
+    }
+    impls: dict[str, Callable[[], object]] = {
+        "hf loop": lambda: hf(x, idx, w).backward(dy),
+        "grouped_mm": lambda: grouped(x, idx, w, gu, dn).backward(dy),
+        "fusekit": lambda: moe.experts(x, idx, w).backward(dy),
+    }
+
+    def clear() -> None:
+        for t in (x, w, *(p for ps in leaves.values() for p in ps)):
+            t.grad = None
+
+    grads = {}
+    for name, fn in impls.items():
+        clear()
+        fn()
+        gate_up, down = (p.grad for p in leaves[name])
+        if name == "hf loop":  # HF stores [E, 2 ffn, hidden] and [E, hidden, ffn]
+            gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+        grads[name] = (x.grad, w.grad, gate_up, down)
+    for name in ("grouped_mm", "fusekit"):
+        labels = ("dx", "dw", "dWgu", "dWd")
+        for label, got, ref in zip(labels, grads[name], grads["hf loop"], strict=True):
+            err = float((got - ref).abs().max() / ref.abs().max())
+            if err > 1e-4:
+                raise SystemExit(f"{shape} T={tokens} train: {name} {label} differs ({err:.2e})")
+
+    def timed(fn: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            clear()  # as zero_grad(set_to_none=True): each step's gradients are new tensors
+            return fn()
+
+        return call
+
+    times = time_impls({n: timed(f) for n, f in impls.items()}, repeats, budget_s)
+    active = int(torch.unique(idx).numel())
+    expert_bytes = 3 * hidden * ffn * 4
+    peers = min(times["hf loop"], times["grouped_mm"])
+    return [
+        {
+            "study": "forward+backward",
+            "problem": f"{shape} T={tokens}",
+            "shape": shape,
+            "tokens": tokens,
+            "impl": name,
+            "median_s": median,
+            "speedup_over_best_peer": peers / median,
+            "over_floor": None,
+            "weight_bytes": 2 * active * expert_bytes + num_experts * expert_bytes,
+            "flops": 3 * 2 * tokens * top_k * 3 * hidden * ffn,
+            "active_experts": active,
+            "selected": moe.last_path if name == "fusekit" else None,
+        }
+        for name, median in times.items()
+    ]
+
+
 def add_roofline(rows: list[dict[str, Any]], read_bw: float, peak_flops: float) -> None:
     """``fraction_of_roofline = max(bytes / read_bw, flops / peak) / median`` and its ``bound``."""
     for r in rows:
@@ -202,29 +288,39 @@ def add_roofline(rows: list[dict[str, Any]], read_bw: float, peak_flops: float) 
 
 
 def plot(records: list[dict[str, object]], path: Path) -> None:
-    """Speedup over the faster peer against tokens, one panel per shape."""
+    """Speedup over the faster peer against tokens: a panel per shape and study."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(SHAPES), figsize=(11, 4), sharey=True)
-    for ax, shape in zip(axes, SHAPES, strict=True):
-        for impl in ("hf loop", "grouped_mm", "fusekit", "floor torch.mm", "floor segment_mm"):
-            pts = [r for r in records if r["shape"] == shape and r["impl"] == impl]
-            ax.plot(
-                [r["tokens"] for r in pts],
-                [r["speedup_over_best_peer"] for r in pts],
-                marker="o",
-                label=impl,
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.axhline(1.0, color="grey", lw=0.5)
-        ax.set_title(shape)
-        ax.set_xlabel("tokens")
-    axes[0].set_ylabel("speedup over the faster peer")
-    axes[0].legend()
+    studies = [s for s in ("forward", "forward+backward") if any(r["study"] == s for r in records)]
+    fig, axes = plt.subplots(
+        len(studies), len(SHAPES), figsize=(11, 4 * len(studies)), sharey=True, squeeze=False
+    )
+    for row, study in zip(axes, studies, strict=True):
+        for ax, shape in zip(row, SHAPES, strict=True):
+            for impl in ("hf loop", "grouped_mm", "fusekit", "floor torch.mm", "floor segment_mm"):
+                pts = [
+                    r
+                    for r in records
+                    if r["shape"] == shape and r["impl"] == impl and r["study"] == study
+                ]
+                if pts:
+                    ax.plot(
+                        [r["tokens"] for r in pts],
+                        [r["speedup_over_best_peer"] for r in pts],
+                        marker="o",
+                        label=impl,
+                    )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="grey", lw=0.5)
+            ax.set_title(f"{shape}: {study}")
+            ax.set_xlabel("tokens")
+        row[0].set_ylabel("speedup over the faster peer")
+        if row[0].get_legend_handles_labels()[0]:
+            row[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -236,6 +332,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tokens 1, 64, 256; 3 repeats")
     parser.add_argument("--tokens", type=str, default=None, help="comma-separated token counts")
     parser.add_argument("--shapes", type=str, default=None, help="comma-separated shape names")
+    parser.add_argument(
+        "--train-tokens",
+        type=str,
+        default=None,
+        help="comma-separated token counts of the forward+backward study (none: '')",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "moe_cpu.json"
     )
@@ -268,12 +370,36 @@ def main() -> None:
                 f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})",
                 flush=True,
             )
+    train_tokens = (4,) if args.quick else TRAIN_TOKENS
+    if args.train_tokens is not None:
+        train_tokens = tuple(int(t) for t in args.train_tokens.split(",") if t)
+    for shape in shapes:
+        for t in train_tokens:
+            rows = run_training(shape, t, repeats, args.budget)
+            add_roofline(rows, max(read_bw), max(gemm))
+            records += rows
+            by = {r["impl"]: r for r in rows}
+            f = by["fusekit"]
+            print(
+                f"{shape:18s} T={t:5d} fwd+bwd hf {1e3 * by['hf loop']['median_s']:8.2f} "
+                f"grouped {1e3 * by['grouped_mm']['median_s']:8.2f} "
+                f"fusekit {1e3 * f['median_s']:8.2f} ms "
+                f"x{f['speedup_over_best_peer']:.2f} over peers, "
+                f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})",
+                flush=True,
+            )
     meta = run_metadata(target.to_dict())
     meta["threads"] = torch.get_num_threads()
     add_roofline(records, max(read_bw), max(gemm))  # the run's best rates
     meta["read_bw_bytes_per_s"] = {"used": max(read_bw), "readings": read_bw}
     meta["gemm_flops_per_s"] = {"used": max(gemm), "readings": gemm}
-    meta["plot"] = {"x": "tokens", "y": "speedup_over_best_peer", "hue": "impl", "log_y": True}
+    meta["plot"] = {
+        "x": "tokens",
+        "y": "speedup_over_best_peer",
+        "hue": "impl",
+        "facet": "study",
+        "log_y": True,
+    }
     path = write_results(args.out, records, meta)
     plot(records, args.out.with_suffix(".png"))
     print(f"wrote {path}")

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from fusekit.data.tokens import ROUTINGS, expert_load, moe_batch
-from fusekit.nn.moe import MoE, from_mixtral, swap_mixtral_moe
+from fusekit.nn.moe import (
+    MoE,
+    from_mixtral,
+    swap_mixtral_moe,
+    swiglu_backward,
+    swiglu_backward_reference,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,7 +66,7 @@ def test_swap_in_a_mixtral_model_keeps_the_logits():
     torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 40])
+@pytest.mark.parametrize("tokens", [1, 3, 40, 120])  # 120: experts past the skinny rows
 def test_expert_segments_backward_equals_gms_path(tokens):
     torch.manual_seed(tokens)
     fast = MoE(16, 24, 6, 2)
@@ -105,3 +111,15 @@ def test_router_skew_is_as_stated(name):
     torch.testing.assert_close(weights.sum(-1), torch.ones(2048))
     with pytest.raises(ValueError, match="'top_k'"):
         moe_batch(4, 8, experts=2, top_k=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_swiglu_backward_equals_autograd(dtype):
+    torch.manual_seed(0)
+    h = torch.randn(7, 2 * 5, dtype=torch.float64, requires_grad=True)
+    da = torch.randn(7, 5, dtype=torch.float64)
+    a = torch.nn.functional.silu(h[:, :5]) * h[:, 5:]
+    (expected,) = torch.autograd.grad(a, h, da)
+    got = swiglu_backward(h.detach().to(dtype), da.to(dtype))
+    torch.testing.assert_close(got, expected.to(dtype))
+    torch.testing.assert_close(swiglu_backward_reference(h.detach(), da), expected)

@@ -14,8 +14,10 @@ from fusekit.gms.kernels.cpu.skinny import (
     SKINNY_ROWS,
     packed_rows_times_w,
     rows_times_w,
+    rows_times_wt,
     segment_skinny_mm,
     streaming_rows_times_w,
+    weight_layout,
 )
 
 
@@ -58,3 +60,40 @@ def test_rows_times_w_both_kernels_equal_the_product(rows, k, c0, c1, dtype):
         acc = start.copy()
         kernel(a, a_rows, w, c0, c1, acc)
         np.testing.assert_allclose(acc, expected, rtol=tol, atol=tol, err_msg=str(kernel))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize(("k", "c0", "c1"), [(64, 0, 40), (37, 3, 12), (3, 0, 5), (8, 1, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_times_wt_equals_the_product_with_the_transpose(rows, k, c0, c1, dtype):
+    # w given as w^T [M, K]: k not a multiple of the lanes, odd rows, column ranges not of 4
+    rng = np.random.default_rng(rows * 7 + k)
+    a = rng.standard_normal((rows + 4, k)).astype(dtype)
+    wt = rng.standard_normal((c1 + 2, k)).astype(dtype)
+    a_rows = rng.integers(0, rows + 4, rows)
+    start = rng.standard_normal((rows, c1 - c0)).astype(dtype)
+    acc = start.copy()
+    rows_times_wt(a, a_rows, wt, c0, c1, acc)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(acc, start + a[a_rows] @ wt[c0:c1].T, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("out_given", [True, False])
+def test_segment_mm_reads_a_transposed_weight_view_without_a_copy(out_given):
+    torch.manual_seed(1)
+    counts = [0, 1, 5, SKINNY_ROWS + 3, 2]
+    ptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    rows = torch.randn(int(ptr[-1]), 24)
+    wt = torch.randn(len(counts), 10, 24)  # stored [S, M, K], used as w = wt^T
+    w = wt.transpose(1, 2)
+    assert weight_layout(w) == "transposed" and not w.is_contiguous()
+    out = segment_mm(rows, w, ptr, out=torch.empty(rows.shape[0], 10) if out_given else None)
+    ref = torch.cat([rows[ptr[s] : ptr[s + 1]] @ wt[s].T for s in range(len(counts))])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_skinny_rejects_a_weight_it_cannot_stream():
+    w = torch.randn(2, 8, 6)[:, ::2]  # strided rows: neither layout
+    assert weight_layout(w) is None
+    with pytest.raises(ValueError, match=r"segment_skinny_mm.*w"):
+        segment_skinny_mm(torch.randn(3, 4), w, torch.tensor([0, 1, 3]), [0, 1], torch.empty(3, 6))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
-from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm
+from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm, weight_layout
 
 if TYPE_CHECKING:
     import torch
@@ -68,12 +68,15 @@ def segment_mm(
 
     Args:
         rows: ``[E, K]`` sorted by segment.
-        w: ``[S_w, K, M]`` with ``S_w >= len(segment_ptr) - 1``.
+        w: ``[S_w, K, M]`` with ``S_w >= len(segment_ptr) - 1``; a backward pass may pass a
+            forward weight as ``wt.transpose(1, 2)`` without copying it (every path reads it
+            as is: ``torch.mm`` as a transposed operand, the skinny kernel by
+            :func:`~fusekit.gms.kernels.cpu.skinny.rows_times_wt`).
         segment_ptr: ``[S + 1]`` where each segment's rows start.
-        out: ``[E, M]`` contiguous tensor to write into (one ``torch.mm`` per segment, since
-            ``torch._grouped_mm`` has no ``out``; segments of at most ``SKINNY_ROWS`` rows use
-            :func:`~fusekit.gms.kernels.cpu.skinny.segment_skinny_mm`, which streams ``w`` faster);
-            new if None.
+        out: ``[E, M]`` contiguous tensor to write into, new if None. Segments of at most
+            ``SKINNY_ROWS`` rows use :func:`~fusekit.gms.kernels.cpu.skinny.segment_skinny_mm`,
+            which streams ``w`` faster than ATen; the others one ``torch.mm`` each, or, with no
+            ``out`` and no small segment, one ``torch._grouped_mm``.
 
     Returns:
         ``out``, ``[E, M]``.
@@ -82,7 +85,18 @@ def segment_mm(
 
     check_segment_ptr(segment_ptr, rows.shape[0])
     n_segments = segment_ptr.shape[0] - 1
-    if out is None and grouped_mm_supported(rows, w):
+    bounds = segment_ptr.tolist()
+    skinny = (
+        rows.device.type == "cpu"
+        and rows.dtype in (torch.float32, torch.float64)
+        and rows.is_contiguous()
+        and weight_layout(w) is not None
+        and (out is None or out.is_contiguous())
+    )
+    small = [
+        s for s in range(n_segments) if skinny and 0 < bounds[s + 1] - bounds[s] <= SKINNY_ROWS
+    ]
+    if out is None and not small and grouped_mm_supported(rows, w):
         ends = segment_ptr[1:]
         if w.shape[0] > n_segments:  # trailing weight matrices that no pair uses
             ends = torch.cat([ends, ends[-1:].expand(w.shape[0] - n_segments)])
@@ -90,20 +104,9 @@ def segment_mm(
     if out is None:
         out = rows.new_empty(rows.shape[0], w.shape[2])
     check_out(out, (rows.shape[0], w.shape[2]), rows.dtype)
-    bounds = segment_ptr.tolist()
-    skinny = (
-        rows.device.type == "cpu"
-        and rows.dtype in (torch.float32, torch.float64)
-        and rows.is_contiguous()
-        and w.is_contiguous()
-        and out.is_contiguous()
-    )
-    small = []
     for s in range(n_segments):
         lo, hi = bounds[s], bounds[s + 1]
-        if skinny and 0 < hi - lo <= SKINNY_ROWS:
-            small.append(s)
-        elif hi > lo:
+        if hi - lo > SKINNY_ROWS or (hi > lo and not skinny):
             torch.mm(rows[lo:hi], w[s], out=out[lo:hi])
     return segment_skinny_mm(rows, w, segment_ptr, small, out)
 

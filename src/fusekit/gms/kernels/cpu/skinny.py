@@ -31,6 +31,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
 from fusekit.gms.kernels.cpu.tile import FASTMATH, MR, MR_NR, NR, stack_buffer
@@ -190,11 +191,82 @@ def streaming_rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untype
         k += 1
 
 
+#: Lanes of one dot-product accumulator in :func:`rows_times_wt` (an AVX2 fp32 vector).
+LANES = 8
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _dot_block(a, i, j, wt, m0, m1, m2, m3, depth, lanes):  # type: ignore[no-untyped-def]
+    """``lanes[2 q + p, l] = sum_k a[(i, j)[p], 8 k' + l] wt[m_q, 8 k' + l]``: 8 dot products.
+
+    Two rows of ``a`` against four rows of ``wt``, each product kept as ``LANES`` partial sums
+    (one vector register) over the ``k`` that are whole vectors; the caller sums the lanes.
+    """
+    for d in range(8):
+        for lane in range(LANES):
+            lanes[d, lane] = 0
+    for k0 in range(0, depth - depth % LANES, LANES):
+        for lane in range(LANES):
+            k = np.uint64(k0 + lane)
+            x0 = a[i, k]
+            x1 = a[j, k]
+            v0, v1, v2, v3 = wt[m0, k], wt[m1, k], wt[m2, k], wt[m3, k]
+            lanes[0, lane] += x0 * v0
+            lanes[1, lane] += x1 * v0
+            lanes[2, lane] += x0 * v1
+            lanes[3, lane] += x1 * v1
+            lanes[4, lane] += x0 * v2
+            lanes[5, lane] += x1 * v2
+            lanes[6, lane] += x0 * v3
+            lanes[7, lane] += x1 * v3
+
+
 @numba.njit(cache=True, fastmath=FASTMATH)
-def segment_block(a, w, lo, hi, c0, c1, out):  # type: ignore[no-untyped-def]
-    """``out[lo:hi, c0:c1] = a[lo:hi] @ w[:, c0:c1]`` (one item of a segment GEMM)."""
+def rows_times_wt(a, a_rows, wt, c0, c1, acc):  # type: ignore[no-untyped-def]
+    """``acc[r, m - c0] += sum_k a[a_rows[r], k] * wt[m, k]`` for ``m`` in ``[c0, c1)``.
+
+    ``w`` given transposed (``wt = w^T``, ``[M, K]``, a weight used as ``x @ w^T``, as a
+    backward pass does): output column ``m`` is a dot product with row ``m`` of ``wt``, read
+    contiguously. Four rows of ``wt`` (L1) meet the rows of ``a`` (L1/L2) two at a time, eight
+    dot products in vector registers (:func:`_dot_block`); each ``wt`` row streams from memory
+    once. The ``k`` past the last whole vector are added after the lanes.
+    """
+    depth = wt.shape[1]
+    n = a_rows.shape[0]
+    tail = depth - depth % LANES
+    lanes = numba.carray(stack_buffer(acc, MR_NR), (8, LANES))
+    for m0 in range(c0, c1, 4):
+        nm = min(4, c1 - m0)
+        m1 = m0 + 1 if nm > 1 else m0
+        m2 = m0 + 2 if nm > 2 else m0
+        m3 = m0 + 3 if nm > 3 else m0
+        for r in range(0, n, 2):
+            i = a_rows[r]
+            j = a_rows[r + 1] if r + 1 < n else i
+            _dot_block(a, i, j, wt, m0, m1, m2, m3, depth, lanes)
+            for q in range(nm):
+                m = m0 + q
+                for p in range(min(2, n - r)):
+                    row = i if p == 0 else j
+                    total = 0.0
+                    for lane in range(LANES):
+                        total += lanes[2 * q + p, lane]
+                    for k in range(tail, depth):
+                        total += a[row, k] * wt[m, k]
+                    acc[r + p, m - c0] += total
+
+
+@numba.njit(cache=True, fastmath=FASTMATH)
+def segment_block(a, w, lo, hi, c0, c1, out, transposed=False):  # type: ignore[no-untyped-def]
+    """``out[lo:hi, c0:c1] = a[lo:hi] @ w[:, c0:c1]`` (one item of a segment GEMM).
+
+    ``transposed``: ``w`` is given as ``w^T`` (``[M, K]``, :func:`rows_times_wt`).
+    """
     acc = np.zeros((hi - lo, c1 - c0), dtype=out.dtype)
-    rows_times_w(a, np.arange(lo, hi), w, c0, c1, acc)
+    if transposed:
+        rows_times_wt(a, np.arange(lo, hi), w, c0, c1, acc)
+    else:
+        rows_times_w(a, np.arange(lo, hi), w, c0, c1, acc)
     out[lo:hi, c0:c1] = acc
 
 
@@ -211,8 +283,8 @@ def item_cost(rows, width):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # type: ignore[no-untyped-def]
-    cols = w.shape[2]
+def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out, transposed):  # type: ignore[no-untyped-def]
+    cols = w.shape[1] if transposed else w.shape[2]
     n = segments.shape[0] * chunks
     costs = np.empty(n)
     for item in range(n):
@@ -226,7 +298,20 @@ def _segment_skinny_kernel(a, w, bounds, segments, chunks, threads, out):  # typ
             c = item % chunks
             c0 = c * cols // chunks
             c1 = (c + 1) * cols // chunks
-            segment_block(a, w[s], bounds[s], bounds[s + 1], c0, c1, out)
+            segment_block(a, w[s], bounds[s], bounds[s + 1], c0, c1, out, transposed)
+
+
+def weight_layout(w: torch.Tensor) -> str | None:
+    """How the skinny kernels can read ``w`` (``[S, K, M]``), or None if they cannot.
+
+    ``"rows"``: contiguous. ``"transposed"``: a view ``wt.transpose(1, 2)`` of a contiguous
+    ``wt`` (``[S, M, K]``, a forward weight as a backward pass reads it).
+    """
+    if w.is_contiguous():
+        return "rows"
+    if w.dim() == 3 and w.transpose(1, 2).is_contiguous():
+        return "transposed"
+    return None
 
 
 def segment_skinny_mm(
@@ -240,23 +325,39 @@ def segment_skinny_mm(
 
     Args:
         a: ``[E, K]`` float32/float64 rows sorted by segment, contiguous, on the CPU.
-        w: ``[S, K, M]`` contiguous, same dtype.
+        w: ``[S, K, M]`` same dtype, contiguous or a transposed view of a contiguous
+            ``[S, M, K]`` (:func:`weight_layout`; then :func:`rows_times_wt` reads it as is).
         segment_ptr: ``[S + 1]`` where each segment's rows start.
         segments: the segments to compute (each with at most ``SKINNY_ROWS`` rows).
         out: ``[E, M]`` contiguous; only the listed segments' rows are written.
 
     Returns:
         ``out``.
+
+    Raises:
+        ValueError: ``w`` is neither contiguous nor a transposed contiguous view.
     """
+    layout = weight_layout(w)
+    if layout is None:
+        raise ValueError(
+            expected(
+                "segment_skinny_mm",
+                "w",
+                "contiguous [S, K, M] or a transpose(1, 2) view of a contiguous [S, M, K]",
+                f"strides {w.stride()}",
+            )
+        )
     if segments:
         threads = numba.get_num_threads()
+        transposed = layout == "transposed"
         _segment_skinny_kernel(
             numpy_of(a),
-            numpy_of(w),
+            numpy_of(w.transpose(1, 2) if transposed else w),
             numpy_of(segment_ptr),
             np.asarray(segments, dtype=np.int64),
             balanced_chunks(len(segments), threads),
             threads,
             numpy_of(out),
+            transposed,
         )
     return out
