@@ -199,7 +199,7 @@ def test_an_in_place_edit_of_the_plan_drops_its_memo():
 @pytest.mark.parametrize("segments", [3, 4])
 def test_a_mirrored_plan_runs_its_input_gradient_on_itself(segments):
     # pairs closed under (d, g, s) -> (g, d, 2 - s); w may have more matrices than the plan
-    from fusekit.gms.dispatch import mark_mirrored
+    from fusekit.gms.dispatch import mirrored
 
     d, g, s = torch.tensor([0, 1, 0]), torch.tensor([1, 0, 0]), torch.tensor([0, 2, 1])
     pl = plan(GMSProblem.create(g, s, d, 2, n_in=2, num_segments=3))
@@ -207,7 +207,31 @@ def test_a_mirrored_plan_runs_its_input_gradient_on_itself(segments):
     w = torch.randn(segments, 2, 2, dtype=torch.float64)
     ones = torch.ones(2, 2, dtype=torch.float64)
     want = torch.autograd.grad(gms(x, w, pl, None, "G-Mseg-S"), x, ones)[0]
-    mark_mirrored(pl)
+    assert mirrored(pl)
     got = torch.autograd.grad(gms(x, w, pl, None, "(GMS)seg"), x, ones)[0]
     assert "transposed" not in pl.memo
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("d", "g", "s", "n_in"),
+    [
+        ([0, 1, 0], [1, 0, 1], [0, 2, 1], 2),  # segment 1's own pair is not its own mirror
+        ([0, 1], [1, 0], [0, 1], 2),  # segments 0 and 2 of unequal lengths
+        ([0, 1, 0], [1, 0, 0], [0, 2, 1], 3),  # mirrored pairs, but more inputs than outputs
+    ],
+)
+def test_a_plan_whose_pairs_do_not_mirror_is_not_taken_as_mirrored(d, g, s, n_in):
+    from fusekit.gms.dispatch import mirrored
+
+    problem = GMSProblem.create(
+        torch.tensor(g), torch.tensor(s), torch.tensor(d), 2, n_in=n_in, num_segments=3
+    )
+    pl = plan(problem)
+    assert not mirrored(pl)
+    x = torch.randn(n_in, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 2, dtype=torch.float64)
+    ones = torch.ones(2, 2, dtype=torch.float64)
+    want = torch.autograd.grad(gms(x, w, pl, None, "G-Mseg-S"), x, ones)[0]
+    got = torch.autograd.grad(gms(x, w, pl, None, "(GMS)seg"), x, ones)[0]
     torch.testing.assert_close(got, want)

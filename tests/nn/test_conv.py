@@ -89,6 +89,26 @@ def test_subm_input_gradient_runs_on_the_forward_plan():
     torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("key", ["k", None])
+def test_subm_input_gradient_builds_no_transposed_plan(monkeypatch, key):
+    # with or without an indice_key (then the plan is parsed again for the backward)
+    from fusekit.gms import dispatch
+
+    built = []
+    real = dispatch.transposed_plan
+    monkeypatch.setattr(dispatch, "transposed_plan", lambda p: built.append(p) or real(p))
+    # two layers: the second's fresh map asks the plan pool for a buffer between the first's
+    # forward and backward (voxels in random order: the mark, not the positional check, counts)
+    first = SubMConv3d(4, 6, 3, bias=False, indice_key=key)
+    second = SubMConv3d(6, 6, 3, bias=False, indice_key=key)
+    idx = voxels()
+    for _ in range(2):
+        x = torch.randn(len(idx), 4, requires_grad=True)
+        y = second(first(SparseTensor(x, idx, SHAPE, 2)))
+        (y.features**2).sum().backward()
+    assert not built
+
+
 def out_in(x: torch.Tensor, idx: torch.Tensor) -> SparseTensor:
     return SparseTensor(x.detach(), idx, SHAPE, 2)
 

@@ -101,6 +101,11 @@ def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
     x, w, scale, plan, _n_out, strategy = inputs
     ctx.strategy = strategy
     ctx.save_for_backward(x, w, scale, plan)
+    if type(plan) is torch.Tensor:  # not a tracing (fake) tensor
+        # hold the parsed plan itself, so the parse memo keeps it (and what its memo holds: the
+        # transposed plan, a mirrored mark) for the backward even when nothing else holds it,
+        # as for a layer without an indice_key (fusekit.gms.problem._forget_parsed)
+        ctx.parsed = GMSPlan.from_packed(plan)
 
 
 def _backward(ctx, grad):  # type: ignore[no-untyped-def]
