@@ -89,26 +89,6 @@ def test_subm_input_gradient_runs_on_the_forward_plan():
     torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("key", ["k", None])
-def test_subm_input_gradient_builds_no_transposed_plan(monkeypatch, key):
-    # with or without an indice_key (then the plan is parsed again for the backward)
-    from fusekit.gms import dispatch
-
-    built = []
-    real = dispatch.transposed_plan
-    monkeypatch.setattr(dispatch, "transposed_plan", lambda p: built.append(p) or real(p))
-    # two layers: the second's fresh map asks the plan pool for a buffer between the first's
-    # forward and backward (voxels in random order: the mark, not the positional check, counts)
-    first = SubMConv3d(4, 6, 3, bias=False, indice_key=key)
-    second = SubMConv3d(6, 6, 3, bias=False, indice_key=key)
-    idx = voxels()
-    for _ in range(2):
-        x = torch.randn(len(idx), 4, requires_grad=True)
-        y = second(first(SparseTensor(x, idx, SHAPE, 2)))
-        (y.features**2).sum().backward()
-    assert not built
-
-
 def out_in(x: torch.Tensor, idx: torch.Tensor) -> SparseTensor:
     return SparseTensor(x.detach(), idx, SHAPE, 2)
 
@@ -274,7 +254,10 @@ def test_a_subm_layer_on_a_shared_regular_map_does_not_mirror_it():
             torch.testing.assert_close(got, want)
 
 
-def test_keyed_subm_layers_never_build_a_transposed_plan(monkeypatch):
+@pytest.mark.parametrize("keys", [("a", "b"), (None, None)])
+def test_subm_layers_never_build_a_transposed_plan(monkeypatch, keys):
+    # without a key the plan is parsed again for the backward: the autograd context keeps it in
+    # the parse memo, with its mirrored mark (voxels in random order: no positional mirror)
     import fusekit.gms.dispatch as dispatch
 
     built = []
@@ -282,9 +265,24 @@ def test_keyed_subm_layers_never_build_a_transposed_plan(monkeypatch):
     monkeypatch.setattr(dispatch, "transposed_plan", lambda p: built.append(p) or real(p))
     torch.manual_seed(0)
     idx = voxels()
-    first = SubMConv3d(5, 5, 3, bias=False, indice_key="a")
-    second = SubMConv3d(5, 5, 3, bias=False, indice_key="b")
+    first = SubMConv3d(5, 5, 3, bias=False, indice_key=keys[0])
+    second = SubMConv3d(5, 5, 3, bias=False, indice_key=keys[1])
     for _ in range(3):  # a fresh map per step: the pool hands buffers round
         x = torch.randn(len(idx), 5, requires_grad=True)
         second(first(SparseTensor(x, idx, SHAPE, 2))).features.sum().backward()
     assert built == []
+
+
+def test_released_buffers_leave_held_plans_valid():
+    from fusekit.gms import release_buffers
+    from fusekit.gms.problem import _POOL
+
+    idx = voxels()
+    layer = SubMConv3d(4, 4, 3, bias=False, indice_key="k")
+    x = torch.randn(len(idx), 4)
+    sparse = SparseTensor(x, idx, SHAPE, 2)
+    before = layer(sparse).features
+    SubMConv3d(4, 4, 3, bias=False)(SparseTensor(x, idx, SHAPE, 2))  # a pooled, dropped plan
+    release_buffers()
+    assert not _POOL
+    torch.testing.assert_close(layer(sparse).features, before)  # the cached map's plan

@@ -19,6 +19,7 @@ from fusekit.gms.candidates import enumerate_candidates as enumerate_candidates
 from fusekit.gms.problem import GMSPlan as GMSPlan
 from fusekit.gms.problem import GMSProblem as GMSProblem
 from fusekit.gms.problem import plan as plan
+from fusekit.gms.problem import release_buffers as release_buffers
 
 __all__ = [
     "NAMED_STRATEGIES",
@@ -30,4 +31,5 @@ __all__ = [
     "enumerate_candidates",
     "gms",
     "plan",
+    "release_buffers",
 ]

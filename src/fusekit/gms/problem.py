@@ -625,6 +625,25 @@ def _plan_storage(numel: int, device: torch.device | str) -> torch.Tensor:
         return out
 
 
+def release_buffers() -> None:
+    """Free the host memory gms keeps between calls for reuse.
+
+    The pooled plan buffers (:func:`_plan_storage`: up to 4, 55 MB each at 160k voxels), the
+    parse memo's plans that nothing else holds (:meth:`GMSPlan.from_packed`), and the calling
+    thread's scratch buffers (:func:`fusekit.gms.kernels.cpu.rows.scratch`). A plan still held
+    (a layer's map cached under an ``indice_key``, an autograd graph) keeps its buffer and
+    stays valid; later calls allocate anew.
+    """
+    from fusekit.gms.kernels.cpu.rows import release_scratch
+
+    with _POOL_LOCK, _PARSED_LOCK:
+        for key, entry in list(_PARSED.items()):
+            if sys.getrefcount(entry[0]) <= _MEMO_ONLY_REFS:
+                del _PARSED[key]
+        _POOL.clear()
+    release_scratch()
+
+
 def empty_plan(
     *,
     num_pairs: int,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+from fusekit.gms.kernels.cpu.g_mseg_s import lazy_zeros, segment_mm, segment_outer_mm
 from fusekit.gms.kernels.cpu.skinny import (
     KC,
     NC,
@@ -97,3 +97,27 @@ def test_skinny_rejects_a_weight_it_cannot_stream():
     assert weight_layout(w) is None
     with pytest.raises(ValueError, match=r"segment_skinny_mm.*w"):
         segment_skinny_mm(torch.randn(3, 4), w, torch.tensor([0, 1, 3]), [0, 1], torch.empty(3, 6))
+
+
+@pytest.mark.parametrize(
+    ("counts", "n_segments"),
+    [([4, 8, 4], 3), ([0, 5, 0, 3], 4), ([2, 1], 4)],  # all filled; empty ones; extra matrices
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_segment_outer_mm_is_the_weight_gradient(counts, n_segments, dtype):
+    torch.manual_seed(len(counts))
+    ptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    a = torch.randn(int(ptr[-1]), 6, dtype=dtype)
+    b = torch.randn(int(ptr[-1]), 5, dtype=dtype)
+    got = segment_outer_mm(a, b, ptr, n_segments)
+    want = torch.zeros(n_segments, 6, 5, dtype=dtype)
+    for s, (lo, hi) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True)):
+        want[s] = a[lo:hi].T @ b[lo:hi]
+    torch.testing.assert_close(got, want)
+    assert got.dtype == dtype and got.is_contiguous()
+
+
+def test_lazy_zeros_are_zeros_of_the_dtype():
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        z = lazy_zeros((3, 4), torch.empty(0, dtype=dtype))
+        assert z.dtype == dtype and z.shape == (3, 4) and not z.any()
