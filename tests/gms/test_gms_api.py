@@ -235,3 +235,26 @@ def test_a_plan_whose_pairs_do_not_mirror_is_not_taken_as_mirrored(d, g, s, n_in
     want = torch.autograd.grad(gms(x, w, pl, None, "G-Mseg-S"), x, ones)[0]
     got = torch.autograd.grad(gms(x, w, pl, None, "(GMS)seg"), x, ones)[0]
     torch.testing.assert_close(got, want)
+
+
+def test_max_gradient_recomputes_the_forward_products_to_the_bit():
+    # G-Mseg-S forward: one torch.mm per segment; segments of a few rows would round otherwise
+    # in the skinny kernel, and the max gradient would pick other winners than the forward's
+    from fusekit.gms.candidates import Strategy
+    from fusekit.gms.dispatch import forward, pair_values
+
+    gen = torch.Generator().manual_seed(0)
+    e, n_out, segments = 4000, 1600, 400
+    g = torch.randint(0, 300, (e,), generator=gen)
+    s = torch.randint(0, segments, (e,), generator=gen)
+    d = torch.randint(0, n_out, (e,), generator=gen)
+    pl = plan(GMSProblem.create(g, s, d, n_out, n_in=300, num_segments=segments, reduce="max"))
+    x = torch.randn(300, 256, generator=gen)
+    w = torch.randn(segments, 256, 32, generator=gen)
+    strategy = Strategy.parse("G-Mseg-S")
+    y = forward(strategy, x, w, pl, None)
+    values = pair_values(strategy, x, w, pl)
+    best = torch.full_like(y, float("-inf")).index_reduce_(0, pl.scatter, values, "amax")
+    reached = torch.zeros(n_out, dtype=torch.bool)
+    reached[pl.scatter] = True
+    assert torch.equal(best[reached], y[reached])

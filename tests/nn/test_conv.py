@@ -254,10 +254,11 @@ def test_a_subm_layer_on_a_shared_regular_map_does_not_mirror_it():
             torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("keys", [("a", "b"), (None, None)])
-def test_subm_layers_never_build_a_transposed_plan(monkeypatch, keys):
-    # without a key the plan is parsed again for the backward: the autograd context keeps it in
-    # the parse memo, with its mirrored mark (voxels in random order: no positional mirror)
+@pytest.mark.parametrize(("key", "depth"), [("a", 2), (None, 2), (None, 20)])
+def test_subm_layers_never_build_a_transposed_plan(monkeypatch, key, depth):
+    # without a key the plan is parsed again for the backward: the autograd context keeps it
+    # for the parse memo, with its mirrored mark (voxels in random order: no positional mirror),
+    # also past the memo's 16 plans (20 layers), and lets go of it in the backward
     import fusekit.gms.dispatch as dispatch
 
     built = []
@@ -265,11 +266,16 @@ def test_subm_layers_never_build_a_transposed_plan(monkeypatch, keys):
     monkeypatch.setattr(dispatch, "transposed_plan", lambda p: built.append(p) or real(p))
     torch.manual_seed(0)
     idx = voxels()
-    first = SubMConv3d(5, 5, 3, bias=False, indice_key=keys[0])
-    second = SubMConv3d(5, 5, 3, bias=False, indice_key=keys[1])
+    layers = [
+        SubMConv3d(5, 5, 3, bias=False, indice_key=f"{key}{i}" if key else None)
+        for i in range(depth)
+    ]
     for _ in range(3):  # a fresh map per step: the pool hands buffers round
-        x = torch.randn(len(idx), 5, requires_grad=True)
-        second(first(SparseTensor(x, idx, SHAPE, 2))).features.sum().backward()
+        out = SparseTensor(torch.randn(len(idx), 5, requires_grad=True), idx, SHAPE, 2)
+        for layer in layers:
+            out = layer(out)
+        out.features.sum().backward()
+        assert not hasattr(out.features.grad_fn, "parsed")
     assert built == []
 
 

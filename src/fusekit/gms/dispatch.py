@@ -245,9 +245,11 @@ def pair_values(
         run = kernel(dev, strategy.dataflow.module, strategy.dataflow.module)
         return run(x, w, distinct.plan, None)[distinct.index]
     if strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu":
-        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+        from fusekit.gms.kernels.cpu.g_mseg_s import per_segment_mm
 
-        return segment_mm(kernel(dev, "rows", "gather_rows")(x, plan.gather), w, plan.segment_ptr)
+        gathered = kernel(dev, "rows", "gather_rows")(x, plan.gather)
+        out = gathered.new_empty(plan.num_pairs, w.shape[2])
+        return per_segment_mm(gathered, w, plan.segment_ptr.tolist(), out)
     return kernel(dev, "gm_seg_s", "segment_products")(x, plan.gather, w, plan)
 
 

@@ -24,7 +24,7 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.gms import dispatch
-from fusekit.gms.problem import GMSPlan, check_operands
+from fusekit.gms.problem import GMSPlan, check_operands, remember
 
 
 def _plan_of(plan: torch.Tensor, n_out: int) -> GMSPlan:
@@ -102,14 +102,19 @@ def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
     ctx.strategy = strategy
     ctx.save_for_backward(x, w, scale, plan)
     if type(plan) is torch.Tensor:  # not a tracing (fake) tensor
-        # hold the parsed plan itself, so the parse memo keeps it (and what its memo holds: the
-        # transposed plan, a mirrored mark) for the backward even when nothing else holds it,
-        # as for a layer without an indice_key (fusekit.gms.problem._forget_parsed)
+        # hold the parsed plan itself until the backward, so what its memo holds (the transposed
+        # plan, a mirrored mark) reaches it even when nothing else holds the plan, as for a
+        # layer without an indice_key (the pool's sweep, fusekit.gms.problem._forget_parsed,
+        # drops plans only the parse memo holds, and the memo keeps the last 16 only)
         ctx.parsed = GMSPlan.from_packed(plan)
 
 
 def _backward(ctx, grad):  # type: ignore[no-untyped-def]
     x, w, scale, plan = ctx.saved_tensors
+    parsed = getattr(ctx, "parsed", None)
+    if parsed is not None:  # released here, not when the graph dies
+        del ctx.parsed
+        remember(parsed)  # what from_packed returns for the buffer, however many plans came since
     needs = [bool(n) for n in ctx.needs_input_grad[:3]]
     dx, dw, dscale = torch.ops.fusekit.gms_backward(grad, x, w, scale, plan, ctx.strategy, needs)
     return (

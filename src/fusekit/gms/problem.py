@@ -275,7 +275,7 @@ class GMSPlan:
         """
         if self.buffer is None:
             raise ValueError(expected("gms", "plan", "a top-level plan", "an order sub-plan"))
-        _remember(self)
+        remember(self)
         return self.buffer
 
     @classmethod
@@ -294,7 +294,7 @@ class GMSPlan:
                 _PARSED.move_to_end(id(packed))
                 return hit[0]
         parsed = cls._parse(packed)
-        _remember(parsed)
+        remember(parsed)
         return parsed
 
     @classmethod
@@ -333,7 +333,7 @@ _PARSED_KEPT = 16
 _PARSED_LOCK = threading.RLock()
 
 
-def _remember(plan: GMSPlan) -> None:
+def remember(plan: GMSPlan) -> None:
     """Make ``plan`` what :meth:`GMSPlan.from_packed` returns for its buffer at its version.
 
     Called when a plan hands out :attr:`GMSPlan.packed`: the op that receives the buffer then

@@ -298,7 +298,7 @@ def swiglu_backward(h: torch.Tensor, da: torch.Tensor) -> torch.Tensor:
     """
     if h.device.type != "cpu" or h.dtype not in (torch.float32, torch.float64):
         return swiglu_backward_reference(h, da)
-    h, da = h.contiguous(), da.contiguous()
+    h, da = h.detach().contiguous(), da.detach().contiguous()
     sig = torch.sigmoid(h[:, : da.shape[1]])
     dh = torch.empty_like(h)
     _swiglu_backward_kernel(h.numpy(), sig.numpy(), da.numpy(), dh.numpy())

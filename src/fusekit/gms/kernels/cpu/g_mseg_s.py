@@ -150,12 +150,34 @@ def segment_outer_mm(
     return out
 
 
+def per_segment_mm(
+    rows: torch.Tensor, w: torch.Tensor, bounds: list[int], out: torch.Tensor
+) -> torch.Tensor:
+    """``out[lo:hi] = rows[lo:hi] @ w[s]`` by one ``torch.mm`` per non-empty segment.
+
+    The products of ``G-Mseg-S``'s forward; the max gradient recomputes them with this same
+    function (:func:`fusekit.gms.dispatch.pair_values`), so its winners match the forward's to
+    the last bit (the skinny kernels of :func:`segment_mm` round differently).
+    """
+    import torch
+
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        if hi > lo:
+            torch.mm(rows[lo:hi], w[s], out=out[lo:hi])
+    return out
+
+
 def lazy_zeros(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Zeros of ``like``'s dtype and device whose untouched pages are never written (CPU).
 
-    numpy's ``zeros`` is ``calloc``: fresh pages read as zeros until first written, where
-    ``torch.zeros`` fills (faults in) every page (235 MB: 70 ms against 0.03 ms here). The
-    tensor shares the array's memory. Other devices and dtypes: ``torch.zeros``.
+    numpy's ``zeros`` is ``calloc``, which for blocks past the C allocator's mmap threshold
+    (128 KiB, rising to at most 32 MiB) maps fresh pages that read as zeros until first written,
+    where ``torch.zeros`` fills (faults in) every page (235 MB: 70 ms against 0.03 ms here; a
+    smaller block may be cleared by ``calloc``, which is only as slow). Reading untouched pages
+    later costs no more than reading written ones (an SGD step over 402 MB of such gradients:
+    37 ms against 53). The tensor shares the array's memory (its storage cannot be resized).
+    Other devices and dtypes: ``torch.zeros``.
     """
     import numpy as np
     import torch
@@ -183,19 +205,13 @@ def g_mseg_s_cpu(
     Raises:
         ValueError: a guarded index is out of range.
     """
-    import torch
-
     e, dtype = plan.num_pairs, x.dtype
     bounds = plan.memo.get("segment bounds")
     if bounds is None:  # checked once per plan, like every memo entry
         check_segment_ptr(plan.segment_ptr, e)
         bounds = plan.memo["segment bounds"] = plan.segment_ptr.tolist()
     gathered = gather_rows_cpu(x, plan.gather, out=scratch("rows", e, x.shape[1], dtype))
-    products = scratch("products", e, w.shape[2], dtype)
-    for s in range(len(bounds) - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        if hi > lo:
-            torch.mm(gathered[lo:hi], w[s], out=products[lo:hi])
+    products = per_segment_mm(gathered, w, bounds, scratch("products", e, w.shape[2], dtype))
     return reduce_rows_cpu(
         products,
         plan.dst_ptr,
