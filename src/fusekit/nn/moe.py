@@ -145,6 +145,8 @@ class MoE(nn.Module):
             self.last_path = "expert segments (G-Mseg-S)"
             seg = ExpertSegments.of(experts, self.num_experts)
             scale = weights.reshape(-1).to(x.dtype)
+            if not needs_grad(x, self.w_gate_up, self.w_down, weights):
+                return expert_segments_forward(x, self.w_gate_up, self.w_down, scale, seg)[0]
             return _ExpertsFn.apply(x, self.w_gate_up, self.w_down, scale, seg)
         self.last_path = f"gms {self.strategy}"
         up, down = self.plans(experts, x)
@@ -242,12 +244,53 @@ class ExpertSegments:
         return cls(order, order // k, segment_ptr, token_ptr, token_pos, num_experts)
 
 
-def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+def _host(x: torch.Tensor) -> bool:
+    """Whether the numba row kernels take ``x``."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+
+
+def _gather(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    if _host(x):
         from fusekit.gms.kernels.cpu.rows import gather_rows_cpu
 
-        return gather_rows_cpu(x, index)
+        return gather_rows_cpu(x, index, out=out)
     return x.index_select(0, index)
+
+
+def expert_segments_forward(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    scale: torch.Tensor,
+    seg: ExpertSegments,
+    keep: bool = False,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The expert half on expert segments: ``y`` and, if ``keep``, ``(Xs, H, A, Z)``.
+
+    Without ``keep`` (inference) the four intermediates are the calling thread's scratch
+    buffers (:func:`fusekit.gms.kernels.cpu.rows.scratch`), reused by the next call. Fresh ones
+    cost a page fault per 4 KiB on every call (four ``[T k, 1024+]`` buffers: 100 MB at 1024
+    tokens top-6), and on this shared host that cost swings: in one run it put the call at
+    1.34-1.44x the bare expert GEMMs, which preallocate theirs. With ``keep`` they are new
+    tensors, saved for the backward.
+    """
+    from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+    from fusekit.gms.kernels.cpu.rows import scratch
+
+    rows, ffn, hidden = seg.token.shape[0], w_down.shape[1], w_down.shape[2]
+
+    def buffer(name: str, cols: int) -> torch.Tensor:
+        if keep or not _host(x):
+            return x.new_empty(rows, cols)
+        return scratch(f"moe {name}", rows, cols, x.dtype)
+
+    xs = _gather(x, seg.token, out=buffer("xs", x.shape[1]) if _host(x) else None)
+    h = segment_mm(xs, w_gate_up, seg.segment_ptr, out=buffer("h", 2 * ffn))
+    gate, up = h[:, :ffn], h[:, ffn:]
+    a = torch.sigmoid(gate, out=buffer("a", ffn)).mul_(gate).mul_(up)  # silu(G) U, no temporary
+    z = segment_mm(a, w_down, seg.segment_ptr, out=buffer("z", hidden))
+    y = _reduce_tokens(z, scale, seg, x.shape[0])
+    return y, ((xs, h, a, z) if keep else ())
 
 
 def _reduce_tokens(
@@ -329,16 +372,8 @@ class _ExpertsFn(torch.autograd.Function):
         scale: torch.Tensor,
         seg: ExpertSegments,
     ) -> torch.Tensor:
-        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-
-        ffn = w_down.shape[1]
-        xs = _gather(x, seg.token)
-        h = segment_mm(xs, w_gate_up, seg.segment_ptr, out=xs.new_empty(xs.shape[0], 2 * ffn))
-        gate, up = h[:, :ffn], h[:, ffn:]
-        a = F.silu(gate).mul_(up)
-        z = segment_mm(a, w_down, seg.segment_ptr, out=a.new_empty(a.shape[0], w_down.shape[2]))
-        y = _reduce_tokens(z, scale, seg, x.shape[0])
-        ctx.save_for_backward(x, w_gate_up, w_down, scale, xs, h, a, z)
+        y, kept = expert_segments_forward(x, w_gate_up, w_down, scale, seg, keep=True)
+        ctx.save_for_backward(x, w_gate_up, w_down, scale, *kept)
         ctx.seg = seg
         return y
 

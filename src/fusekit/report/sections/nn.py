@@ -98,6 +98,69 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _moe_train_rows(repeats: int, tokens: int = 16) -> list[dict[str, Any]]:
+    """A training step of the experts: fusekit's own backward against autograd through HF's loop.
+
+    Gradients of ``x``, the routing weights and the expert weights; the rows' ``err`` compares
+    the first two.
+    """
+    import torch
+
+    from fusekit.data.tokens import moe_batch
+    from fusekit.nn import MoE
+
+    hidden, ffn, experts, top_k = 512, 1024, 8, 2
+    batch = moe_batch(tokens, hidden, experts, top_k, skew=1.0, seed=tokens)
+    weights, chosen = batch.route()
+    moe = MoE(hidden, ffn, experts, top_k)
+    x = batch.x.clone().requires_grad_()
+    w = weights.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    modules: dict[str, torch.nn.Module] = {"fusekit MoE": moe}
+    steps: dict[str, Callable[[], object]] = {
+        "fusekit MoE": lambda: moe.experts(x, chosen, w).backward(dy)
+    }
+    try:
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        pass
+    else:
+        hf_logging.set_verbosity_error()  # a standalone experts module is expected here
+        hf = MixtralExperts(
+            MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=experts)
+        )
+        with torch.no_grad():
+            hf.gate_up_proj.copy_(moe.w_gate_up.transpose(1, 2))
+            hf.down_proj.copy_(moe.w_down.transpose(1, 2))
+        modules["HF Mixtral experts loop"] = hf
+        steps["HF Mixtral experts loop"] = lambda: hf(x, chosen, w).backward(dy)
+
+    def fresh(name: str) -> Callable[[], object]:
+        def step() -> object:  # every step from grad = None, as after zero_grad()
+            for t in (x, w, *modules[name].parameters()):
+                t.grad = None
+            return steps[name]()
+
+        return step
+
+    grads = {}
+    for name in steps:
+        fresh(name)()
+        grads[name] = torch.cat([x.grad.reshape(-1), w.grad.reshape(-1)])  # type: ignore[union-attr]
+    expected = grads.get("HF Mixtral experts loop", grads["fusekit MoE"])
+    return [
+        {
+            "layer": f"MoE 8x2 h{hidden} f{ffn}, {tokens} tokens, forward+backward",
+            "impl": name,
+            "median_s": time_call(fresh(name), repeats).median_s,
+            "err": float((grads[name] - expected).abs().max()),
+        }
+        for name in steps
+    ]
+
+
 def _conv_rows(repeats: int) -> list[dict[str, Any]]:
     import torch
 
@@ -147,14 +210,16 @@ def _conv_rows(repeats: int) -> list[dict[str, Any]]:
 
 
 def build(options: TourOptions) -> Section:
-    """The nn section: RGCN and MoE layers side by side with PyG and HF Mixtral."""
+    """The nn section: RGCN, sparse-convolution and MoE layers beside PyG, spconv and HF."""
     repeats = 3 if options.quick else 9
-    records = _rgcn_rows(repeats) + _conv_rows(repeats) + _moe_rows(repeats)
+    records = (
+        _rgcn_rows(repeats) + _conv_rows(repeats) + _moe_rows(repeats) + _moe_train_rows(repeats)
+    )
     peers = {r["layer"]: r["median_s"] for r in records if not str(r["impl"]).startswith("fusekit")}
     for r in records:
         r["speedup_over_peer"] = peers[r["layer"]] / r["median_s"] if r["layer"] in peers else None
     table = Table(
-        "Median time per layer and implementation (forward, fp32, this machine)",
+        "Median time per layer and implementation (forward unless named, fp32, this machine)",
         ("layer", "implementation", "median ms", "speedup over the peer", "max |diff| vs peer"),
         tuple(
             (
