@@ -326,6 +326,22 @@ def plot(records: list[dict[str, object]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def summary(shape: str, tokens: int, rows: list[dict[str, Any]]) -> str:
+    """One line per problem: the peers' and fusekit's medians, ratios and roofline fraction."""
+    by = {r["impl"]: r for r in rows}
+    f = by["fusekit"]
+    study = "" if f["study"] == "forward" else "fwd+bwd "
+    path = f" ({f['selected']})" if f["study"] == "forward" else ""
+    floor = f", {f['over_floor']:.2f} of floor" if f["over_floor"] is not None else ""
+    return (
+        f"{shape:18s} T={tokens:5d} {study}hf {1e3 * by['hf loop']['median_s']:8.2f} "
+        f"grouped {1e3 * by['grouped_mm']['median_s']:8.2f} "
+        f"fusekit {1e3 * f['median_s']:8.2f} ms{path} "
+        f"x{f['speedup_over_best_peer']:.2f} over peers{floor}, "
+        f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11)
@@ -361,16 +377,7 @@ def main() -> None:
             gemm.append(gemm_flops_per_s()[0])
             add_roofline(rows, max(read_bw), max(gemm))
             records += rows
-            by = {r["impl"]: r for r in rows}
-            f = by["fusekit"]
-            print(
-                f"{shape:18s} T={t:5d} hf {1e3 * by['hf loop']['median_s']:8.2f} "
-                f"grouped {1e3 * by['grouped_mm']['median_s']:8.2f} "
-                f"fusekit {1e3 * f['median_s']:8.2f} ms ({f['selected']}) "
-                f"x{f['speedup_over_best_peer']:.2f} over peers, {f['over_floor']:.2f} of floor, "
-                f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})",
-                flush=True,
-            )
+            print(summary(shape, t, rows), flush=True)
     train_tokens = (4,) if args.quick else TRAIN_TOKENS
     if args.train_tokens is not None:
         train_tokens = tuple(int(t) for t in args.train_tokens.split(",") if t)
@@ -379,16 +386,7 @@ def main() -> None:
             rows = run_training(shape, t, repeats, args.budget)
             add_roofline(rows, max(read_bw), max(gemm))
             records += rows
-            by = {r["impl"]: r for r in rows}
-            f = by["fusekit"]
-            print(
-                f"{shape:18s} T={t:5d} fwd+bwd hf {1e3 * by['hf loop']['median_s']:8.2f} "
-                f"grouped {1e3 * by['grouped_mm']['median_s']:8.2f} "
-                f"fusekit {1e3 * f['median_s']:8.2f} ms "
-                f"x{f['speedup_over_best_peer']:.2f} over peers, "
-                f"roofline {f['fraction_of_roofline']:.2f} ({f['bound']})",
-                flush=True,
-            )
+            print(summary(shape, t, rows), flush=True)
     meta = run_metadata(target.to_dict())
     meta["threads"] = torch.get_num_threads()
     add_roofline(records, max(read_bw), max(gemm))  # the run's best rates

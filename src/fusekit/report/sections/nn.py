@@ -50,6 +50,29 @@ def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _hf_experts(moe: Any) -> Any:
+    """HF's ``MixtralExperts`` with ``moe``'s weights, or None without transformers."""
+    import torch
+
+    try:
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return None
+    hf_logging.set_verbosity_error()  # a standalone experts module is expected here
+    config = MixtralConfig(
+        hidden_size=moe.hidden_size,
+        intermediate_size=moe.ffn_size,
+        num_local_experts=moe.num_experts,
+    )
+    hf = MixtralExperts(config)
+    with torch.no_grad():
+        hf.gate_up_proj.copy_(moe.w_gate_up.transpose(1, 2))
+        hf.down_proj.copy_(moe.w_down.transpose(1, 2))
+    return hf
+
+
 def _moe_rows(repeats: int) -> list[dict[str, Any]]:
     import torch
 
@@ -65,20 +88,8 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
         impls: dict[str, Callable[[], torch.Tensor]] = {
             "fusekit MoE": lambda m=moe, w=weights, c=chosen, x=batch.x: m.experts(x, c, w)
         }
-        try:
-            from transformers import MixtralConfig
-            from transformers.models.mixtral.modeling_mixtral import MixtralExperts
-            from transformers.utils import logging as hf_logging
-        except ImportError:
-            pass
-        else:
-            hf_logging.set_verbosity_error()  # a standalone experts module is expected here
-            hf = MixtralExperts(
-                MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=experts)
-            )
-            with torch.no_grad():
-                hf.gate_up_proj.copy_(moe.w_gate_up.transpose(1, 2))
-                hf.down_proj.copy_(moe.w_down.transpose(1, 2))
+        hf = _hf_experts(moe)
+        if hf is not None:
             impls["HF Mixtral experts loop"] = lambda h=hf, w=weights, c=chosen, x=batch.x: h(
                 x, c, w
             )
@@ -120,20 +131,8 @@ def _moe_train_rows(repeats: int, tokens: int = 16) -> list[dict[str, Any]]:
     steps: dict[str, Callable[[], object]] = {
         "fusekit MoE": lambda: moe.experts(x, chosen, w).backward(dy)
     }
-    try:
-        from transformers import MixtralConfig
-        from transformers.models.mixtral.modeling_mixtral import MixtralExperts
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        pass
-    else:
-        hf_logging.set_verbosity_error()  # a standalone experts module is expected here
-        hf = MixtralExperts(
-            MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_local_experts=experts)
-        )
-        with torch.no_grad():
-            hf.gate_up_proj.copy_(moe.w_gate_up.transpose(1, 2))
-            hf.down_proj.copy_(moe.w_down.transpose(1, 2))
+    hf = _hf_experts(moe)
+    if hf is not None:
         modules["HF Mixtral experts loop"] = hf
         steps["HF Mixtral experts loop"] = lambda: hf(x, chosen, w).backward(dy)
 
