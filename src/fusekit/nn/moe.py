@@ -297,7 +297,7 @@ def _reduce_tokens(
     rows: torch.Tensor, scale: torch.Tensor, seg: ExpertSegments, tokens: int
 ) -> torch.Tensor:
     """``y[t] = sum_j scale[t k + j] * rows[token_pos[t k + j]]``."""
-    if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64):
+    if _host(rows):
         from fusekit.gms.kernels.cpu.rows import reduce_rows_cpu
 
         return reduce_rows_cpu(
@@ -339,7 +339,7 @@ def swiglu_backward(h: torch.Tensor, da: torch.Tensor) -> torch.Tensor:
     reference makes ten passes and a copy (8 experts of ffn 3584, 1024 tokens top-2: 33 ms
     against 87 ms). CPU float32/float64 only; other tensors take the reference.
     """
-    if h.device.type != "cpu" or h.dtype not in (torch.float32, torch.float64):
+    if not _host(h):
         return swiglu_backward_reference(h, da)
     h, da = h.detach().contiguous(), da.detach().contiguous()
     sig = torch.sigmoid(h[:, : da.shape[1]])
