@@ -279,20 +279,21 @@ def load_example(name: str, seed: int = 0) -> Example:
     return EXAMPLES[name](seed)
 
 
-def load_model(spec: str, seed: int = 0) -> Example:
-    """Load a built-in example by name, or a user model from ``path/to/file.py:factory``.
+def call_factory(spec: str) -> tuple[Any, str, str]:
+    """Import ``path/to/file.py`` and call its ``factory()`` (no arguments).
 
-    The factory takes no arguments and returns an :class:`Example` or a ``(module, args)`` pair.
+    The loader shared by the commands that take a user model (``ir``, ``stitch``, ``sparse``).
+
+    Returns:
+        What the factory returned, the factory's name and the file's name.
 
     Raises:
-        ValueError: if the name is unknown, the file or factory is missing, or the factory
-            returns something else.
+        ValueError: if ``spec`` is not ``file.py:factory``, the file is missing or has no such
+            function.
     """
-    if ":" not in spec:
-        return load_example(spec, seed)
     path_text, _, factory_name = spec.rpartition(":")
     path = Path(path_text)
-    if not path.is_file():
+    if not path_text or not path.is_file():
         raise ValueError(
             expected("examples", "model", "a built-in name or an existing file.py:factory", spec)
         )
@@ -306,11 +307,33 @@ def load_model(spec: str, seed: int = 0) -> Example:
         raise ValueError(
             expected("examples", "factory", f"a function in {path.name}", factory_name)
         )
-    made = factory()
+    return factory(), factory_name, path.name
+
+
+def as_example(made: Any, factory_name: str, file_name: str) -> Example | None:
+    """``made`` as an :class:`Example` (it is one, or a ``(module, args)`` pair), else ``None``."""
     if isinstance(made, Example):
         return made
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
-        return Example(factory_name, f"{factory_name} from {path.name}", made[0], tuple(made[1]))
+        return Example(factory_name, f"{factory_name} from {file_name}", made[0], tuple(made[1]))
+    return None
+
+
+def load_model(spec: str, seed: int = 0) -> Example:
+    """Load a built-in example by name, or a user model from ``path/to/file.py:factory``.
+
+    The factory takes no arguments and returns an :class:`Example` or a ``(module, args)`` pair.
+
+    Raises:
+        ValueError: if the name is unknown, the file or factory is missing, or the factory
+            returns something else.
+    """
+    if ":" not in spec:
+        return load_example(spec, seed)
+    made, factory_name, file_name = call_factory(spec)
+    example = as_example(made, factory_name, file_name)
+    if example is not None:
+        return example
     raise ValueError(
         expected(
             "examples",

@@ -21,7 +21,8 @@ WorkloadArg = Annotated[
     str,
     typer.Argument(
         help="gcn-<graph>, graphsage-<graph> (graph: cora, citeseer, cora_ml), autoencoder, "
-        "bigbird-b<block> (16, 32, 64)."
+        "bigbird-b<block> (16, 32, 64), or path/to/file.py:factory returning a Workload, a "
+        "Program or a sparse torch module with its arguments (module, args)."
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -52,9 +53,9 @@ def simulate(
     """Simulate the best-estimated schedule of one cut; print cycles per region and primitive."""
     from fusekit.sparse.fusion_table import fusion_table
     from fusekit.sparse.search import explore
-    from fusekit.sparse.workloads import by_name
+    from fusekit.sparse.workloads import load_workload
 
-    w = by_name(workload, quick=quick)
+    w = load_workload(workload, quick=quick)
     start = time.perf_counter()
     ex = explore(
         w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=_par(par_level, par_factor)
@@ -135,9 +136,9 @@ def explore(
 ) -> None:
     """Enumerate schedules, rank them with the estimator, simulate the best of each cut."""
     from fusekit.sparse.search import explore as run_explore
-    from fusekit.sparse.workloads import by_name
+    from fusekit.sparse.workloads import load_workload
 
-    w = by_name(workload, quick=quick)
+    w = load_workload(workload, quick=quick)
     start = time.perf_counter()
     ex = run_explore(w, _machine(fifo_depth, memory), top=top, par=_par(par_level, par_factor))
     wall_s = time.perf_counter() - start

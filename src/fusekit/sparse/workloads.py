@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fusekit.errors import expected
 from fusekit.sparse.formats import from_dense, from_scipy
 from fusekit.sparse.program import Operand, Program, Statement
 
@@ -229,6 +230,46 @@ def by_name(name: str, quick: bool = False) -> Workload:
         block = int(arg.removeprefix("b")) if arg else 64
         return bigbird(tokens=256 if quick else 1024, block=block, heads=12)
     raise ValueError(
-        "sparse: expected 'workload' to be gcn-<graph>, graphsage-<graph>, autoencoder or "
-        f"bigbird-b<block> (got {name!r})"
+        "sparse: expected 'workload' to be gcn-<graph>, graphsage-<graph>, autoencoder, "
+        f"bigbird-b<block> or path/to/file.py:factory (got {name!r})"
     )
+
+
+def load_workload(spec: str, quick: bool = False) -> Workload:
+    """A built-in workload (:func:`by_name`) or a user's, from ``path/to/file.py:factory``.
+
+    The file is loaded as ``fusekit ir`` and ``fusekit stitch`` load theirs
+    (:func:`fusekit.ir.examples.call_factory`). The factory returns a :class:`Workload`, a
+    :class:`Program` (one layer per statement), or a sparse PyTorch module with its arguments
+    (an ``ir`` :class:`~fusekit.ir.examples.Example` or a ``(module, args)`` pair), captured
+    with :func:`fusekit.sparse.frontend.from_module` (one layer per statement).
+
+    Raises:
+        ValueError: for an unknown name, a missing file or factory, a factory returning
+            anything else, or a module with an op the machine does not run.
+    """
+    if ":" not in spec:
+        return by_name(spec, quick)
+    from fusekit.ir.examples import as_example, call_factory
+
+    made, factory, file = call_factory(spec)
+    if isinstance(made, Workload):
+        return made
+    if isinstance(made, Program):
+        program = made
+    else:
+        example = as_example(made, factory, file)
+        if example is None:
+            raise ValueError(
+                expected(
+                    "sparse",
+                    f"{factory}()",
+                    "a Workload, a Program, an Example or a (module, args) pair",
+                    type(made).__name__,
+                )
+            )
+        from fusekit.sparse.frontend import from_module
+
+        program = from_module(example.module, example.args)
+    layers = tuple((st.out,) for st in program.statements)
+    return Workload(program.name, program, layers, f"{factory}() from {file}")
