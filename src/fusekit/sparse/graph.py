@@ -6,7 +6,7 @@ The network follows the statement's dataflow order level by level, as the fast s
                intersecter v   / unioner v, when two operands scan v
                iterate v       when no operand scans v (a dense LevelScanner)
                locate O.v      operands with a dense level at v (Locator)
-               repeat O.v      operands that v does not index (Repeater)
+               repeat O.v      operands that v does not index (Repeat)
     values:    array O         one per operand
                alu <combine>   the combine, then the epilogue
                reducer         when the reduced variable is innermost
@@ -28,16 +28,18 @@ from fusekit.sparse.formats import LevelKind, SparseTensor, StoredLevel
 from fusekit.sparse.program import BINARY, UNARY, Statement
 from fusekit.sparse.sim.channel import Channel
 from fusekit.sparse.sim.engine import Network, run
+from fusekit.sparse.sim.fiber_acc import FiberAccumulator
 from fusekit.sparse.sim.primitives import (
     ALU,
-    Array,
-    Joiner,
-    LevelScanner,
-    LevelWriter,
+    ArrayRead,
+    CompressedWriter,
+    Intersect,
     Locator,
-    Reducer,
-    Repeater,
-    SparseAccumulator,
+    Reduce,
+    Repeat,
+    Union,
+    ValsWriter,
+    level_scanner,
 )
 from fusekit.sparse.sim.tokens import DONE
 
@@ -76,7 +78,7 @@ def lower_statement(
     inputs: dict[str, SparseTensor],
     depth: int = 8,
     latency: int = 1,
-) -> tuple[Network, LevelWriter]:
+) -> tuple[Network, ValsWriter]:
     """Build the network of one statement over stored inputs.
 
     Raises:
@@ -117,27 +119,28 @@ def lower_statement(
         outs = []
         for r in scans:
             sc = net.add(
-                LevelScanner(
+                level_scanner(
                     f"scan {r.tensor.name}.{v}", r.tensor.levels[r.level], _fan(net, r.ref)
                 )
             )
-            outs.append((net.wire(sc, "crd"), net.wire(sc, "ref")))
+            outs.append((net.wire(sc, "out_crd"), net.wire(sc, "out_ref")))
             r.level += 1
         if len(scans) == 2:
             union = st.combine in ("add", "sub", "max")
             ins = [_fan(net, c) for pair in outs for c in pair]
-            j = net.add(Joiner(f"{'unioner' if union else 'intersecter'} {v}", union, *ins))
-            crd = net.wire(j, "crd")
-            scans[0].ref, scans[1].ref = net.wire(j, "ref_a"), net.wire(j, "ref_b")
+            join = Union if union else Intersect
+            j = net.add(join(f"{'unioner' if union else 'intersecter'} {v}", *ins))
+            crd = net.wire(j, "out_crd")
+            scans[0].ref, scans[1].ref = net.wire(j, "out_ref1"), net.wire(j, "out_ref2")
         elif len(scans) == 1:
             crd, scans[0].ref = outs[0]
         else:
             it = net.add(
-                LevelScanner(
+                level_scanner(
                     f"iterate {v}", StoredLevel(LevelKind.DENSE, extents[v]), _fork(net, refs[0])
                 )
             )
-            crd = net.wire(it, "crd")
+            crd = net.wire(it, "out_crd")
         for r in refs:
             if r in scans:
                 continue
@@ -146,46 +149,48 @@ def lower_statement(
                 loc = net.add(
                     Locator(f"locate {r.tensor.name}.{v}", size, _fan(net, r.ref), _fan(net, crd))
                 )
-                r.ref, r.level = net.wire(loc, "ref"), r.level + 1
+                r.ref, r.level = net.wire(loc, "out_ref"), r.level + 1
             else:
                 rep = net.add(
-                    Repeater(f"repeat {r.tensor.name}.{v}", _fan(net, r.ref), _fan(net, crd))
+                    Repeat(f"repeat {r.tensor.name}.{v}", _fan(net, r.ref), _fan(net, crd))
                 )
-                r.ref = net.wire(rep, "ref")
+                r.ref = net.wire(rep, "out_ref")
         crd_of[v] = crd
     vals = []
     for r in refs:
-        arr = net.add(Array(f"array {r.tensor.name}", r.flat, _fan(net, r.ref)))
-        vals.append(net.wire(arr, "val"))
+        arr = net.add(ArrayRead(f"array {r.tensor.name}", r.flat, _fan(net, r.ref)))
+        vals.append(net.wire(arr, "out_val"))
     val = vals[0]
     if st.combine != "copy":
-        alu = net.add(ALU(f"alu {st.combine} 0", BINARY[st.combine], *(_fan(net, x) for x in vals)))
-        val = net.wire(alu, "val")
+        ins = [_fan(net, x) for x in vals]
+        second = ins[1] if len(ins) > 1 else None
+        alu = net.add(ALU(f"alu {st.combine} 0", BINARY[st.combine], ins[0], second))
+        val = net.wire(alu, "out_val")
     if st.reduce_vars:
         rv = st.reduce_vars[0]
         if order[-1] == rv:
-            red = net.add(Reducer(f"reducer {st.reduce}", _fan(net, val), st.reduce or "sum"))
-            val = net.wire(red, "val")
+            red = net.add(Reduce(f"reducer {st.reduce}", _fan(net, val), st.reduce or "sum"))
+            val = net.wire(red, "out_val")
         elif order.index(rv) == len(order) - 2:
             acc = net.add(
-                SparseAccumulator(
-                    f"spacc {st.reduce}", _fan(net, crd_of[order[-1]]), _fan(net, val)
-                )
+                FiberAccumulator(f"spacc {st.reduce}", _fan(net, crd_of[order[-1]]), _fan(net, val))
             )
-            val = net.wire(acc, "val")
-            net.add(LevelWriter(f"write {st.out}.{order[-1]}", _fan(net, net.wire(acc, "crd"))))
+            val = net.wire(acc, "out_val")
+            net.add(
+                CompressedWriter(f"write {st.out}.{order[-1]}", _fan(net, net.wire(acc, "out_crd")))
+            )
         else:
             raise ValueError(
                 expected(where, "order", "the reduced variable last or second to last", order)
             )
     if st.epilogue:
         ep = net.add(ALU(f"alu {st.epilogue}", UNARY[st.epilogue], _fan(net, val)))
-        val = net.wire(ep, "val")
+        val = net.wire(ep, "out_val")
     for v in st.out_vars:
         if not (st.reduce_vars and v == order[-1] and order[-1] != st.reduce_vars[0]):
-            net.add(LevelWriter(f"write {st.out}.{v}", _fan(net, crd_of[v])))
-    writer = net.add(LevelWriter(f"write {st.out}", _fan(net, val)))
-    assert isinstance(writer, LevelWriter)
+            net.add(CompressedWriter(f"write {st.out}.{v}", _fan(net, crd_of[v])))
+    writer = net.add(ValsWriter(f"write {st.out}", _fan(net, val)))
+    assert isinstance(writer, ValsWriter)
     for p in net.prims:  # outputs nobody reads are not wired
         for port, chans in p.outputs.items():
             p.outputs[port] = [c for c in chans if id(c) in _CLAIMED]
@@ -229,4 +234,4 @@ def run_statement(
         if not p.name.startswith("root")
     }
     firings = {p.name: p.firings for p in net.prims if not p.name.startswith("root")}
-    return TokenRun(cycles, tokens, firings, [float(x) for x in writer.crd])
+    return TokenRun(cycles, tokens, firings, [float(x) for x in writer.vals])

@@ -1,20 +1,24 @@
-"""The per-cycle engine: every primitive may fire once per cycle, channels are bounded FIFOs."""
+"""The per-cycle engine: every primitive may fire once per cycle, channels are FIFOs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fusekit.errors import expected
+from fusekit.sparse.sim.base import Primitive, Source
 from fusekit.sparse.sim.channel import Channel
-from fusekit.sparse.sim.primitives import Primitive, Source
 from fusekit.sparse.sim.tokens import Token
 
 
 @dataclass
 class Network:
-    """Primitives and the channels between them, built in dataflow order."""
+    """Primitives and the channels between them, built in dataflow order.
 
-    depth: int = 8
+    ``depth`` is every channel's FIFO depth (``None``: unbounded), ``latency`` its delivery time.
+    """
+
+    depth: int | None = 8
     latency: int = 1
     prims: list[Primitive] = field(default_factory=list)
     channels: list[Channel] = field(default_factory=list)
@@ -31,18 +35,18 @@ class Network:
         return prim
 
     def wire(self, prim: Primitive, port: str, name: str | None = None) -> Channel:
-        """A new channel fed by ``prim``'s output ``port``."""
+        """A new channel fed by ``prim``'s output ``port`` (call again for a broadcast)."""
         return prim.connect(port, self.channel(name or f"{prim.name}.{port}"))
 
-    def source(self, name: str, tokens: list[Token]) -> Channel:
-        """A source of fixed tokens and its channel."""
-        src = Source(name, tokens)
+    def source(self, name: str, tokens: list[Token | None], timed: bool = False) -> Channel:
+        """A source of fixed tokens and its channel (``timed``: one element a cycle)."""
+        src = Source(name, tokens, timed)
         self.add(src)
         return self.wire(src, "out")
 
 
-def run(net: Network, max_cycles: int = 1_000_000) -> int:
-    """Run until every primitive is done.
+def run(net: Network, max_cycles: int = 10_000_000, until: Callable[[], bool] | None = None) -> int:
+    """Run until every primitive is done (or ``until()`` holds).
 
     Primitives are stepped consumers first each cycle, so a FIFO emptied by its consumer in a
     cycle can take its producer's token in the same cycle (a pipelined FIFO).
@@ -51,12 +55,14 @@ def run(net: Network, max_cycles: int = 1_000_000) -> int:
         The number of cycles.
 
     Raises:
-        RuntimeError: if the network deadlocks or exceeds ``max_cycles``.
+        RuntimeError: if the network deadlocks (nothing moves for longer than a channel's
+            latency while some primitive is not done) or exceeds ``max_cycles``.
     """
     order = list(reversed(net.prims))
+    finished = until or (lambda: all(p.done for p in net.prims))
     idle = 0
     for cycle in range(max_cycles):
-        if all(p.done for p in net.prims):
+        if finished():
             return cycle
         fired = [p.step(cycle) for p in order]
         idle = 0 if any(fired) else idle + 1

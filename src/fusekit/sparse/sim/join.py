@@ -1,0 +1,162 @@
+"""Coordinate joiners: intersect and union of two (crd, ref) streams of equal fiber structure.
+
+Both walk two sorted fibers together, one step per cycle. Matching stops are emitted on every
+output (an empty intersection still closes its fiber); ``D`` with ``D`` ends the join.
+
+``N`` (an absent fiber) joins as the empty set: the intersecter drains the other side's fiber and
+emits one ``N`` in its place (so arrays downstream read 0, as in SAM); the unioner skips it, or
+emits ``N`` when both sides are absent.
+
+The intersecter's skip outputs tell each side's scanner where the other side stands: when it
+steps past side 1's coordinate it emits side 2's coordinate on ``out_crd_skip1`` (once per new
+coordinate of side 2), and symmetrically; at matching stops each side gets the other's stop if
+the other side moved since its last hint.
+"""
+
+from __future__ import annotations
+
+from fusekit.sparse.sim.base import Primitive
+from fusekit.sparse.sim.channel import Channel
+from fusekit.sparse.sim.tokens import DONE, EMPTY, Stop, Token, is_data
+
+_INPUTS = ("in_crd1", "in_ref1", "in_crd2", "in_ref2")
+
+
+class _Joiner(Primitive):
+    def __init__(
+        self,
+        name: str,
+        in_crd1: Channel,
+        in_ref1: Channel,
+        in_crd2: Channel,
+        in_ref2: Channel,
+        outputs: tuple[str, ...],
+    ) -> None:
+        channels = (in_crd1, in_ref1, in_crd2, in_ref2)
+        super().__init__(name, dict(zip(_INPUTS, channels, strict=True)), outputs)
+
+    def _heads(self, now: int) -> tuple[Token, Token, Token, Token] | None:
+        heads = [self.peek(p, now) for p in _INPUTS]
+        if any(h is None for h in heads):
+            return None
+        c1, r1, c2, r2 = heads
+        assert c1 is not None and r1 is not None and c2 is not None and r2 is not None
+        return c1, r1, c2, r2
+
+    def _take(self, side: int) -> None:
+        self.pop(f"in_crd{side}")
+        self.pop(f"in_ref{side}")
+
+    def _out(self, crd: Token, ref1: Token, ref2: Token, now: int) -> None:
+        self.emit("out_crd", crd, now)
+        self.emit("out_ref1", ref1, now)
+        self.emit("out_ref2", ref2, now)
+
+    def _control(self, c1: Token, c2: Token, now: int) -> bool:
+        """Matching stops or done: forward on every output; mismatched control raises."""
+        if c1 != c2:
+            raise self._malformed("streams with the same fiber structure", (c1, c2))
+        self._take(1)
+        self._take(2)
+        self._out(c1, c1, c1, now)
+        self.done = c1 is DONE
+        return True
+
+
+class Intersect(_Joiner):
+    """Coordinates present in both streams, with each side's reference; skip hints out."""
+
+    kind = "intersecter"
+
+    def __init__(
+        self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
+    ) -> None:
+        super().__init__(
+            name,
+            in_crd1,
+            in_ref1,
+            in_crd2,
+            in_ref2,
+            ("out_crd", "out_ref1", "out_ref2", "out_crd_skip1", "out_crd_skip2"),
+        )
+        self.moved = [True, True]  # side k's head changed since the other side's last hint
+
+    def _step_past(self, side: int, other: Token, now: int) -> bool:
+        """Drop side ``side``'s head; hint it the other side's head if that one moved."""
+        if self.moved[2 - side]:
+            self.emit(f"out_crd_skip{side}", other, now)
+        self.moved[2 - side] = False
+        self.moved[side - 1] = True
+        self._take(side)
+        return True
+
+    def _fire(self, now: int) -> bool:
+        heads = self._heads(now)
+        if heads is None:
+            return False
+        c1, r1, c2, r2 = heads
+        if c1 is EMPTY or c2 is EMPTY:
+            if (c1 is EMPTY and c2 is EMPTY) or not is_data(c1) or not is_data(c2):
+                for side, c in ((1, c1), (2, c2)):
+                    if c is EMPTY:
+                        self._take(side)
+                self._out(EMPTY, EMPTY, EMPTY, now)
+                return True
+            self._take(1 if c2 is EMPTY else 2)  # drain the present side's fiber
+            return True
+        if is_data(c1) and is_data(c2):
+            if c1 == c2:
+                self._take(1)
+                self._take(2)
+                self._out(c1, r1, r2, now)
+                self.moved = [True, True]
+                return True
+            return self._step_past(1, c2, now) if c1 < c2 else self._step_past(2, c1, now)  # type: ignore[operator]
+        if is_data(c1):
+            return self._step_past(1, c2, now)
+        if is_data(c2):
+            return self._step_past(2, c1, now)
+        if isinstance(c1, Stop) and c1 == c2:
+            if self.moved[0]:
+                self.emit("out_crd_skip2", c1, now)
+            if self.moved[1]:
+                self.emit("out_crd_skip1", c2, now)
+            self.moved = [True, True]
+        return self._control(c1, c2, now)
+
+
+class Union(_Joiner):
+    """Coordinates present in either stream; the side that lacks one gets ``N``."""
+
+    kind = "unioner"
+
+    def __init__(
+        self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
+    ) -> None:
+        super().__init__(
+            name, in_crd1, in_ref1, in_crd2, in_ref2, ("out_crd", "out_ref1", "out_ref2")
+        )
+
+    def _fire(self, now: int) -> bool:
+        heads = self._heads(now)
+        if heads is None:
+            return False
+        c1, r1, c2, r2 = heads
+        if c1 is EMPTY and c2 is EMPTY:
+            self._take(1)
+            self._take(2)
+            self._out(EMPTY, EMPTY, EMPTY, now)
+            return True
+        if c1 is EMPTY or c2 is EMPTY:
+            self._take(1 if c1 is EMPTY else 2)  # an absent fiber adds nothing
+            return True
+        first = is_data(c1) and (not is_data(c2) or c1 <= c2)  # type: ignore[operator]
+        second = is_data(c2) and (not is_data(c1) or c2 <= c1)  # type: ignore[operator]
+        if first or second:
+            if first:
+                self._take(1)
+            if second:
+                self._take(2)
+            self._out(c1 if first else c2, r1 if first else EMPTY, r2 if second else EMPTY, now)
+            return True
+        return self._control(c1, c2, now)
