@@ -224,3 +224,8 @@ def plot_exploration(path: Path, ex: Any) -> None:
     b.grid(alpha=0.3)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+from fusekit.sparse.sam.replay_cli import sam_replay  # noqa: E402
+
+app.command("sam-replay")(sam_replay)
