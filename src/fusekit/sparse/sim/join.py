@@ -10,10 +10,15 @@ emits ``N`` when both sides are absent.
 The intersecter's skip outputs tell each side's scanner where the other side stands: when it
 steps past side 1's coordinate it emits side 2's coordinate on ``out_crd_skip1`` (once per new
 coordinate of side 2), and symmetrically; at matching stops each side gets the other's stop if
-the other side moved since its last hint.
+the other side moved since its last hint. Hints are advisory and travel against the data, so
+they never hold the intersecter back (a loop of two bounded FIFOs would deadlock): an integer
+hint that finds its FIFO full is dropped, and a stop hint, which the scanner counts to tell
+fibers apart, waits in the intersecter until there is room, with no integer hint passing it.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from fusekit.sparse.sim.base import Primitive
 from fusekit.sparse.sim.channel import Channel
@@ -80,11 +85,46 @@ class Intersect(_Joiner):
             ("out_crd", "out_ref1", "out_ref2", "out_crd_skip1", "out_crd_skip2"),
         )
         self.moved = [True, True]  # side k's head changed since the other side's last hint
+        self.owed: tuple[deque[Token], deque[Token]] = (deque(), deque())  # stop hints per side
+        self.hinted = [False, False]  # a hint went out on that side this cycle
+
+    _DATA = ("out_crd", "out_ref1", "out_ref2")
+
+    def ready(self) -> bool:
+        """Only the data outputs hold the intersecter back (hints are advisory)."""
+        return all(ch.can_push() for p in self._DATA for ch in self.outputs[p])
+
+    def _room(self, side: int) -> bool:
+        chans = self.outputs[f"out_crd_skip{side}"]
+        return not self.hinted[side - 1] and all(ch.can_push() for ch in chans)
+
+    def _hint(self, side: int, tok: Token, now: int) -> None:
+        """Send a hint to side ``side``'s scanner, or owe it (a stop) or drop it (an integer)."""
+        owed = self.owed[side - 1]
+        if isinstance(tok, Stop):
+            owed.append(tok)
+            self._pay(side, now)
+        elif not owed and self._room(side):
+            self.emit(f"out_crd_skip{side}", tok, now)
+            self.hinted[side - 1] = True
+
+    def _pay(self, side: int, now: int) -> None:
+        owed = self.owed[side - 1]
+        if owed and self._room(side):
+            self.emit(f"out_crd_skip{side}", owed.popleft(), now)
+            self.hinted[side - 1] = True
+
+    def step(self, now: int) -> bool:
+        """Fire as usual; owed stop hints go out even while the data outputs are full."""
+        self.hinted = [False, False]
+        for side in (1, 2):
+            self._pay(side, now)
+        return super().step(now)
 
     def _step_past(self, side: int, other: Token, now: int) -> bool:
         """Drop side ``side``'s head; hint it the other side's head if that one moved."""
         if self.moved[2 - side]:
-            self.emit(f"out_crd_skip{side}", other, now)
+            self._hint(side, other, now)
         self.moved[2 - side] = False
         self.moved[side - 1] = True
         self._take(side)
@@ -118,9 +158,9 @@ class Intersect(_Joiner):
             return self._step_past(2, c1, now)
         if isinstance(c1, Stop) and c1 == c2:
             if self.moved[0]:
-                self.emit("out_crd_skip2", c1, now)
+                self._hint(2, c1, now)
             if self.moved[1]:
-                self.emit("out_crd_skip1", c2, now)
+                self._hint(1, c2, now)
             self.moved = [True, True]
         return self._control(c1, c2, now)
 

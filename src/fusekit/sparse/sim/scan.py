@@ -8,8 +8,10 @@ An empty fiber costs exactly the cycle of its stop. A stop that no fiber absorbs
 
 A compressed scanner may take skip hints (``in_crd_skip``, from an intersecter): an integer hint
 jumps within the current fiber to the first coordinate at or above it, a stop hint ends the fiber
-early. A hint below the last coordinate emitted, or for a fiber already closed (counted by
-stops), is dropped; one hint is read per cycle, and a hint waits until the scanner acts on it.
+early. Hints and outputs count stops to tell fibers apart: a hint for a fiber already closed,
+or below the last coordinate emitted, is dropped; one hint is read per cycle, and a hint waits
+until the scanner acts on it or its fiber closes. (SAM's scanner keeps a stop hint that arrives
+in the cycle its fiber closes naturally, and then cuts the next fiber short.)
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class Scanner(Primitive):
         self.pos = self.end = self.base = 0
         self.prev_crd: int = 0
         self.skip: Token | None = None
-        self.skip_stops = self.out_stops = 0
+        self.skip_stops = self.out_stops = 0  # stop hints read, stops sent: fiber counters
+        self.skip_fiber = 0  # the fiber the pending hint belongs to
 
     @abstractmethod
     def _fiber(self, ref: int) -> tuple[int, int]:
@@ -53,13 +56,21 @@ class Scanner(Primitive):
     def _crd(self, pos: int) -> int:
         """The coordinate at position ``pos`` of the current fiber."""
 
+    def step(self, now: int) -> bool:
+        """Fire as usual; once done, keep draining late skip hints (they no longer matter)."""
+        if self.done and "in_crd_skip" in self.inputs:
+            if self.peek("in_crd_skip", now) is not None:
+                self.pop("in_crd_skip")
+            return False
+        return super().step(now)
+
     def _fire(self, now: int) -> bool:
         took = self._take_skip(now)
         moved, out = self._advance(now)
         if isinstance(out, Stop):
             self.out_stops += 1
-            if self.skip_stops < self.out_stops:
-                self.skip = None
+            if self.skip_fiber < self.out_stops:
+                self.skip = None  # the hint's fiber has closed
         elif isinstance(out, int):
             self.prev_crd = out
         return took or moved
@@ -74,7 +85,7 @@ class Scanner(Primitive):
         if self.skip_stops < self.out_stops:
             pass  # a hint for a fiber already closed
         elif isinstance(hint, Stop) or (isinstance(hint, int) and hint >= self.prev_crd):
-            self.skip = hint
+            self.skip, self.skip_fiber = hint, self.skip_stops
         if isinstance(hint, Stop):
             self.skip_stops += 1
         return True
