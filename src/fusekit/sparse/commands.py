@@ -226,6 +226,71 @@ def plot_exploration(path: Path, ex: Any) -> None:
     plt.close(fig)
 
 
+def _load_input(spec: str) -> tuple[str, Any]:
+    """``NAME=FILE`` -> (name, dense array): ``.npy`` as saved, ``.npz`` a scipy.sparse matrix."""
+    import numpy as np
+
+    name, eq, file = spec.partition("=")
+    if not eq or not name or not file:
+        raise ValueError(f"sparse sam: expected '--input' to be NAME=FILE (got {spec!r})")
+    path = Path(file)
+    if path.suffix == ".npz":
+        import scipy.sparse
+
+        try:
+            return name, scipy.sparse.load_npz(path).toarray()
+        except ValueError as e:
+            raise ValueError(f"{path}: expected a scipy.sparse matrix (save_npz): {e}") from e
+    if path.suffix != ".npy":
+        raise ValueError(f"sparse sam: expected {path} to be a .npy or .npz file")
+    return name, np.load(path, allow_pickle=False)
+
+
+@app.command()
+def sam(
+    graph: Annotated[Path, typer.Argument(help="A SAM dataflow graph (.gv), as SAM prints it.")],
+    input: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            help="NAME=FILE per input tensor: .npy (dense, logical layout; 0-d for a scalar) or "
+            ".npz (a scipy.sparse matrix written by scipy.sparse.save_npz).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write the output, dense, as .npz (numpy.savez, key 'output')."),
+    ] = None,
+    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO (0: unbounded).")] = 0,
+    json: JsonOption = False,
+) -> None:
+    """Run a SAM graph on the per-token machine; print cycles and tokens per block."""
+    import numpy as np
+
+    from fusekit.sparse.sam.runner import run as run_sam
+
+    inputs = dict(_load_input(spec) for spec in input or [])
+    result = run_sam(graph, inputs, depth=fifo_depth or None)
+    if out is not None:
+        np.savez(out, output=result.output)
+    if json:
+        print_json(
+            {
+                "graph": str(graph),
+                "cycles": result.cycles,
+                "output_shape": list(result.output.shape),
+                "tokens": result.tokens,
+            }
+        )
+        return
+    print_table(
+        f"{graph}: {result.cycles:,} cycles, output shape {result.output.shape}"
+        + (f", written to {out}" if out is not None else ""),
+        ("block", "tokens"),
+        sorted(result.tokens.items()),
+    )
+
+
 from fusekit.sparse.sam.replay_cli import sam_replay  # noqa: E402
 
 app.command("sam-replay")(sam_replay)
