@@ -52,6 +52,6 @@ def extents(expr: str, size: int, small: int) -> dict[str, int]:
             for v in idx:
                 dims.setdefault(v, size)
     big = max((len(idx) for _, fs in terms for _, idx in fs), default=0)
-    if big >= 3 or len(dims) >= 3:
+    if big >= 3:
         dims = {v: small for v in dims}
     return dims

@@ -151,6 +151,7 @@ class _Parser:
         self.toks = toks
         self.k = 0
         self.source = source
+        self.node: int | None = None  # the statement being read starts with this node id
 
     def peek(self) -> _Tok:
         return self.toks[self.k]
@@ -163,7 +164,9 @@ class _Parser:
     def fail(self, what: str, tok: _Tok | None = None) -> SamGraphError:
         tok = tok or self.peek()
         got = "end of file" if tok.kind == "end" else repr(tok.text)
-        return SamGraphError(self.source, f"line {tok.line}: expected {what} (got {got})")
+        return SamGraphError(
+            self.source, f"line {tok.line}: expected {what} (got {got})", self.node
+        )
 
     def expect(self, text: str) -> None:
         tok = self.next()
@@ -213,6 +216,7 @@ class _Parser:
             if tok.kind == "end":
                 raise self.fail("'}'")
             name = self.value()
+            self.node = int(name) if name.isdigit() else None
             if name in ("graph", "node", "edge") and self.peek().text == "[":
                 raise self.fail(
                     f"a node, an edge or 'key=value' (default {name} attributes "
