@@ -52,6 +52,8 @@ KNOWN_TYPES = frozenset(
         "crdhold",
         "vectorreducer",
         "locate",
+        "iterate",
+        "alu",
     }
 )
 
@@ -193,6 +195,8 @@ class _Resolver:
         simple = {
             "fiberlookup": {"crd": "out_crd", "ref": "out_ref"},
             "locate": {"ref": "out_ref"},
+            "iterate": {"crd": "out_crd", "ref": "out_ref"},
+            "alu": {"val": "out_val"},
             "repsiggen": {"repsig": "out_repeat"},
             "repeat": {"ref": "out_ref"},
             "arrayvals": {"val": "out_val"},
@@ -245,6 +249,8 @@ class _Resolver:
                 ("fiberlookup", "ref"): "in_ref",
                 ("locate", "ref"): "in_ref",
                 ("locate", "crd"): "in_crd",
+                ("iterate", "ref"): "in_ref",
+                ("repeat", "crd"): "in_repeat",
                 ("fiberwrite", "crd"): "in_crd",
                 ("fiberwrite", "val"): "in_val",
                 ("arrayvals", "ref"): "in_ref",
@@ -258,7 +264,7 @@ class _Resolver:
                 ("vectorreducer", "crd"): "in_crd",
                 ("vectorreducer", "val"): "in_val",
             }.get((t, h.type))
-            if t in ("mul", "add") and h.type == "val":
+            if t in ("mul", "add", "alu") and h.type == "val":
                 vals += 1
                 port = f"in{vals}" if vals <= 2 else None
             elif t in ("intersect", "union") and h.type in ("crd", "ref"):
@@ -287,8 +293,9 @@ class _Resolver:
             raise self.fail(
                 nid, f"expected {t} to join two operands (got {self.operands.get(nid, [])})"
             )
-        if t in ("mul", "add") and vals != 2:
-            raise self.fail(nid, f"expected {t} to have two value inputs (got {vals})")
+        if (t in ("mul", "add") and vals != 2) or (t == "alu" and vals not in (1, 2)):
+            want = "one or two" if t == "alu" else "two"
+            raise self.fail(nid, f"expected {t} to have {want} value inputs (got {vals})")
         return ports
 
     def record_outputs(self, nid: int, wires: list[Wire]) -> None:
@@ -296,7 +303,7 @@ class _Resolver:
         t, a = node.type, node.attrs
         d_in = {w.dst_port: self.depth.get((w.src, w.src_port), 0) for w in wires if w.dst_port}
         root = 0 if a.get("root") == "true" else None
-        if t == "fiberlookup":
+        if t in ("fiberlookup", "iterate"):
             d = (root if root is not None else d_in.get("in_ref", 0)) + 1
             self._out(nid, {"out_crd": d, "out_ref": d}, {"out_crd": a.get("index", "")})
         elif t in ("intersect", "union"):
@@ -307,7 +314,7 @@ class _Resolver:
             self._out(nid, {"out_repeat": d_in.get("in_stream", 0)}, {})
         elif t in ("repeat", "locate"):
             self._out(nid, {"out_ref": d_in.get("in_repeat", d_in.get("in_crd", 0))}, {})
-        elif t in ("arrayvals", "mul", "add"):
+        elif t in ("arrayvals", "mul", "add", "alu"):
             self._out(nid, {"out_val": max(d_in.values(), default=0)}, {})
         elif t == "reduce":
             self._out(nid, {"out_val": d_in.get("in_val", 1) - 1}, {})

@@ -73,7 +73,7 @@ class SamResult:
 def block_name(node: SamNode) -> str:
     """The name SAM's generated tests give a block (``fiberlookup_Bi_19``, ``mul_5``)."""
     t, a, i = node.type, node.attrs, node.id
-    if t in ("fiberlookup", "repeat", "locate"):
+    if t in ("fiberlookup", "repeat", "locate", "iterate"):
         return f"{t}_{a.get('tensor', '')}{a.get('index', '')}_{i}"
     if t == "arrayvals":
         return f"{t}_{a.get('tensor', '')}_{i}"
@@ -92,7 +92,7 @@ def _dims(graph: SamGraph, bound: Mapping[str, BoundTensor]) -> dict[str, int]:
     """The extent of every index variable, from the levels that scan it."""
     dims: dict[str, int] = {}
     for node in graph.nodes.values():
-        if node.type not in ("fiberlookup", "locate") or node.get("tensor") not in bound:
+        if node.type not in ("fiberlookup", "locate", "iterate") or node.get("tensor") not in bound:
             continue
         t = bound[node.get("tensor")]
         mode = int(node.get("mode", "0"))
@@ -232,8 +232,16 @@ class _Builder:
             else:
                 assert level.seg is not None and level.crd is not None
                 prim = CompressedScanner(name, level.seg.tolist(), level.crd.tolist(), ref)
+        elif t == "iterate":
+            ref = (
+                self.root(node) if a.get("root") == "true" else self.need(node, chans, "in_ref")[0]
+            )
+            prim = UncompressedScanner(name, self.dims[a["index"]], ref)
         elif t == "locate":
-            ref, crd = self.need(node, chans, "in_ref", "in_crd")
+            ref = (
+                self.root(node) if a.get("root") == "true" else self.need(node, chans, "in_ref")[0]
+            )
+            (crd,) = self.need(node, chans, "in_crd")
             level = self.bound[a["tensor"]].level_of(int(a["mode"]))
             assert level is not None
             prim = Locator(name, level.dim, ref, crd)
@@ -267,8 +275,11 @@ class _Builder:
         elif t in ("mul", "add"):
             in1, in2 = self.need(node, chans, "in1", "in2")
             prim = ALU(name, t, in1, in2, neg1=sub_neg[0], neg2=sub_neg[1])
+        elif t == "alu":
+            (in1,) = self.need(node, chans, "in1")
+            prim = ALU(name, a.get("op", ""), in1, chans.get("in2"))
         elif t == "reduce":
-            prim = Reduce(name, self.need(node, chans, "in_val")[0])
+            prim = Reduce(name, self.need(node, chans, "in_val")[0], a.get("op", "sum"))
         elif t == "spaccumulator":
             prim = self._spacc(node, chans)
         elif t == "crddrop" and a.get("vals") == "true":
@@ -336,7 +347,12 @@ def run(
     net = Network(depth, latency)
     b = _Builder(g, bound, dims, net)
     for nid in order:
-        b.add(g.nodes[nid], wires.get(nid, []), sub_neg.get(nid, (False, False)))
+        try:
+            b.add(g.nodes[nid], wires.get(nid, []), sub_neg.get(nid, (False, False)))
+        except SamGraphError:
+            raise
+        except (ValueError, KeyError) as e:  # a primitive refused its attributes
+            raise SamGraphError(g.source, f"{g.nodes[nid].type}: {e}", nid) from e
     try:
         cycles = run_network(net)
     except (RuntimeError, ValueError) as e:
