@@ -48,6 +48,13 @@ def simulate(
     memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
     table: Annotated[bool, typer.Option(help="Print each region's fusion table.")] = False,
     quick: Annotated[bool, typer.Option(help="Smaller BigBird (256 tokens).")] = False,
+    gv: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write each region's statements, lowered to the per-token machine, as SAM "
+            "graphs (region<k>_<statement>.gv) into this folder."
+        ),
+    ] = None,
     json: JsonOption = False,
 ) -> None:
     """Simulate the best-estimated schedule of one cut; print cycles per region and primitive."""
@@ -64,6 +71,11 @@ def simulate(
     wall_s = time.perf_counter() - start
     assert best.result is not None
     r = best.result
+    written: list[str] = []
+    if gv is not None:
+        from fusekit.sparse.sam.export import write_schedule_graphs
+
+        written = write_schedule_graphs(w.program, best.schedule, gv)
     regions: list[dict[str, Any]] = [
         {
             "statements": list(g.statements),
@@ -88,6 +100,7 @@ def simulate(
                 "regions": regions,
                 "wall_s": wall_s,
                 "notes": w.notes,
+                **({"gv": written} if gv is not None else {}),
             }
         )
         return
@@ -116,6 +129,8 @@ def simulate(
         )
         if table:
             print(fusion_table(w.program, best.schedule, k).format())
+    for line in written:
+        print(line)
     if w.notes:
         print(w.notes)
 

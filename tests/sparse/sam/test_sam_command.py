@@ -125,3 +125,20 @@ def test_missing_input_names_the_node(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"{vectors['gv']}: node 5: expected an input for tensor 'c'" in err
+
+
+def test_simulate_writes_sam_graphs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from fusekit.sparse.sam import read_gv
+
+    code = fusekit(
+        monkeypatch, "sparse", "simulate", "autoencoder", "--cut", "full", "--gv", tmp_path,
+        "--json",
+    )  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["gv"] and all(line.startswith("wrote") for line in data["gv"])
+    for path in sorted(tmp_path.glob("region*.gv")):
+        graph = read_gv(path)
+        assert graph.output == path.stem.split("_", 1)[1]
+        assert any(n.type == "fiberwrite" and n.get("mode") == "vals" for n in graph.nodes.values())
