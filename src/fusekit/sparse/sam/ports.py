@@ -289,9 +289,9 @@ class _Resolver:
                     f"node {h.src} (comment {h.dst_comment!r}) feeds",
                 )
             ports.append(port)
-        if t in ("intersect", "union") and len(self.operands.get(nid, [])) != 2:
+        if t in ("intersect", "union") and len(self.operands.get(nid, [])) < 2:
             raise self.fail(
-                nid, f"expected {t} to join two operands (got {self.operands.get(nid, [])})"
+                nid, f"expected {t} to join two or more operands (got {self.operands.get(nid, [])})"
             )
         if (t in ("mul", "add") and vals != 2) or (t == "alu" and vals not in (1, 2)):
             want = "one or two" if t == "alu" else "two"

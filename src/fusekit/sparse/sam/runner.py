@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fusekit.sparse.sam.bind import BoundTensor, bind, decode, format_rank, mode_order
-from fusekit.sparse.sam.blocks import DeepCrdDrop
+from fusekit.sparse.sam.blocks import DeepCrdDrop, JoinN
 from fusekit.sparse.sam.gv import SamGraph, SamGraphError, SamNode, read_gv
 from fusekit.sparse.sam.ports import Wire, check_acyclic, resolve
 from fusekit.sparse.sim.channel import Channel
@@ -263,8 +263,14 @@ class _Builder:
             (ref,) = self.need(node, chans, "in_ref")
             prim = ArrayRead(name, self.bound[a["tensor"]].vals, ref)
         elif t in ("intersect", "union"):
-            ins = self.need(node, chans, "in_crd1", "in_ref1", "in_crd2", "in_ref2")
-            prim = (Intersect if t == "intersect" else Union)(name, *ins)
+            n = sum(1 for p in chans if p.startswith("in_crd"))
+            crds = self.need(node, chans, *(f"in_crd{k + 1}" for k in range(max(n, 2))))
+            refs = self.need(node, chans, *(f"in_ref{k + 1}" for k in range(max(n, 2))))
+            if n > 2:
+                prim = JoinN(name, t == "union", crds, refs)
+            else:
+                join = Intersect if t == "intersect" else Union
+                prim = join(name, crds[0], refs[0], crds[1], refs[1])
         elif t == "repsiggen":
             prim = RepeatSigGen(name, *self.need(node, chans, "in_stream"))
         elif t == "repeat":
