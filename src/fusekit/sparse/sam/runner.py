@@ -12,6 +12,28 @@ The recipe (:func:`run`):
    source ``[0, D]``;
 5. run the network and decode the output writers' streams into a dense array.
 
+Node types and the primitives they become:
+
+=============================  ===============================================================
+``fiberlookup``                ``CompressedScanner`` / ``UncompressedScanner`` (``format``)
+``fiberwrite``                 ``CompressedWriter`` / ``UncompressedWriter``; ``ValsWriter``
+``arrayvals``                  ``ArrayRead`` (a ``none`` tensor: values ``[v]`` read at ref 0)
+``intersect``, ``union``       ``Intersect`` / ``Union``; :class:`.blocks.JoinN` past two
+``repsiggen``, ``repeat``      ``RepeatSigGen``, ``Repeat``
+``mul``, ``add``               ``ALU`` (``sub=1``: the subtrahend negated, see :mod:`.ports`)
+``reduce``                     ``Reduce``
+``spaccumulator``              ``SparseAccumulator`` of ``order``; without ``in1`` (one
+                               output level) every point's outer coordinate is 0, made by an
+                               ``ALU`` as ``inner - inner``
+``crddrop``                    ``CrdDrop`` (``vals=true``: on values); inner two levels down:
+                               :class:`.blocks.DeepCrdDrop`
+``crdhold``                    ``CrdHold``
+``vectorreducer``              ``FiberAccumulator`` (sums over the fibers above the innermost)
+``broadcast``                  none: the port feeds several channels
+``locate``, ``iterate``,       fusekit extensions written by :mod:`.export`: ``Locator``,
+``alu``                        ``UncompressedScanner``, ``ALU`` of ``op``
+=============================  ===============================================================
+
 Per-node token counts are named as SAM's generated tests name their blocks
 (``fiberlookup_Bi_19``, ``intersectk_13``, ``spaccumulator1_3``, ``fiberwrite_Xvals_0``): the
 tokens the block sent on its busiest output channel (a writer: the tokens it received).
