@@ -1,0 +1,56 @@
+"""COMET's own inputs, evaluated as COMET evaluates them (Negi et al., arXiv 2509.00599).
+
+``evaluate(case_dir)`` reads a COMET run's ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and
+``constants.yaml`` and returns COMET's totals, its per-unit cycle table and per-level energies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fusekit.accel.comet.engine import CometFitError as CometFitError
+from fusekit.accel.comet.engine import CometModelError as CometModelError
+from fusekit.accel.comet.engine import analyse
+from fusekit.accel.comet.files import CometInputError as CometInputError
+from fusekit.accel.comet.files import read_case
+from fusekit.accel.comet.network import MeshShapeError as MeshShapeError
+
+__all__ = ["CometFitError", "CometInputError", "CometModelError", "MeshShapeError", "evaluate"]
+
+
+def evaluate(
+    case_dir: str | Path, calc_noc_energy: bool | None = None, compat: bool = True
+) -> dict[str, object]:
+    """Evaluate one COMET run from its four input files.
+
+    Args:
+        case_dir: folder with ``arch.yaml``, ``problem.yaml``, ``mapping.yaml``, ``constants.yaml``.
+        calc_noc_energy: add the NoC energy rows (COMET's ``--calc_noc_energy``); by default on,
+            unless the folder's ``command.txt`` shows a run without it.
+        compat: reproduce COMET's defects (the named quirks); off, the generalised model.
+
+    Returns:
+        ``total_cycles``, ``total_energy_pj``, ``cycles`` (unit -> CS/OS/TMW parts and total),
+        ``energy_pj`` (COMET's energy rows) and ``root_cycles``.
+
+    Raises:
+        CometFitError: the tiling overflows a level (every overflowing level is named).
+        CometInputError: a malformed file (names the file and the node).
+        CometModelError: a mapping COMET cannot evaluate (names the node).
+        MeshShapeError: a collective on a sub-mesh outside COMET's table (compat only).
+    """
+    d = Path(case_dir)
+    if calc_noc_energy is None:
+        cmd = d / "command.txt"
+        calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()
+    inp = read_case(d)
+    try:
+        return analyse(inp, calc_noc=calc_noc_energy, compat=compat)
+    except (CometFitError, CometInputError):
+        raise
+    except (CometModelError, MeshShapeError) as e:
+        raise type(e)(f"{inp.mapping_file}: {e}") from None
+    except (KeyError, IndexError, ZeroDivisionError, TypeError, AttributeError) as e:
+        raise CometModelError(
+            f"{inp.mapping_file}: cannot be evaluated ({type(e).__name__}: {e})"
+        ) from None

@@ -1,0 +1,543 @@
+"""COMET's four input files (arch, problem, mapping, constants) read into plain data.
+
+The files are read the way the COMET binary reads them (d-matrix-ai/comet, commit 917af0d):
+
+* **arch**: ``ComputeTiles`` and ``MemoryTypes`` give specs by name; ``Hierarchy`` is a tree of
+  levels (``connects``, then ``drains``, then ``fills``), each naming a spec by ``type``. The
+  attributes of a child entry describe the network from its parent to it (``meshX``/``meshY``,
+  ``bw``, ``hop_latency``, ``queuing_delay``, ``channel_width``, ``broadcast_support``); with
+  ``link_transfers: true`` they also describe the level's own peer-to-peer network (collectives).
+  A level's instance count is ``meshX * meshY``. Names drop their ``[0..n]`` suffix.
+* **problem**: global dimensions (ids in their listed order), their sizes (a number or a constant),
+  the io tensors, and the ops with their tensors' projections; tensor ids follow first appearance.
+* **constants**: the ``const`` map; mapping factors, tile primitives and reduction attributes name
+  constants or give numbers.
+* **mapping**: a tree of ``DataMovement_Tile`` (temporal or spatial factors per tensor),
+  ``Operation``, ``inter_tile_binding`` and ``CollectiveOperation`` nodes, numbered in pre-order
+  (the ids COMET prints, e.g. ``ALLREDUCE-12``).
+
+Every problem is raised as :class:`CometInputError`, one line naming the file and the node.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fusekit.errors import FusekitError
+
+OP_TYPES = ("gemm", "softmax", "max", "exp", "div", "add", "mult", "sqrt", "rowsum", "rowmax")
+COLLECTIVE_TYPES = ("broadcast", "reduction", "allgather", "allreduce", "scatter", "gather")
+
+
+class CometInputError(FusekitError, ValueError):
+    """A COMET input file is malformed; the message is one line naming the file and the node."""
+
+    def __init__(self, file: str, node: str, problem: str) -> None:
+        self.file = file
+        self.node = node
+        super().__init__(f"{file}: {node}: {problem}")
+
+
+# --- arch -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """A parent-to-child (or peer) network: COMET's ``NetworkSpec`` attributes."""
+
+    mesh: bool
+    dims: tuple[int, int]
+    port_bw: int
+    hop_latency: int
+    broadcast: bool
+    reduction: bool
+    queuing_delay: int
+    channel_width: int
+
+
+@dataclass(slots=True)
+class Level:
+    """One architecture level (memory or compute) with its spec and networks."""
+
+    name: str
+    rank: int  # creation order: COMET orders its per-level maps by this
+    kind: str  # spec (type) name, e.g. "GBuffer", "SystolicArray"
+    is_compute: bool
+    attrs: dict[str, Any]
+    instances: int = 1
+    child_nets: dict[str, Network] = field(default_factory=dict)
+    link_net: Network | None = None
+
+    def num(self, key: str, default: float = 0) -> Any:
+        """A numeric spec attribute (``default`` when absent)."""
+        return self.attrs.get(key, default)
+
+    def width_bytes(self) -> int:
+        """Bytes per access block."""
+        return int(self.attrs.get("width", 1))
+
+    def capacity_bytes(self) -> int:
+        """Bytes of one instance: ``width * depth`` (compute levels: ``capacity``)."""
+        if self.is_compute:
+            return int(self.attrs.get("capacity", 0))
+        return int(self.attrs.get("width", 1)) * int(self.attrs.get("depth", 1))
+
+    def bw(self, which: str) -> int:
+        """A bandwidth attribute (``parent_read_bw``, ...); a generic ``bw`` overrides them."""
+        if "bw" in self.attrs:
+            return int(self.attrs["bw"])
+        return int(self.attrs.get(which, 0))
+
+
+@dataclass(slots=True)
+class Arch:
+    """The levels by name."""
+
+    levels: dict[str, Level]
+
+    def level(self, name: str, file: str, node: str) -> Level:
+        """The level called ``name``; a clear error when there is none."""
+        if name not in self.levels:
+            raise CometInputError(
+                file, node, f"unknown level {name!r} (levels: {', '.join(sorted(self.levels))})"
+            )
+        return self.levels[name]
+
+
+def _strip(name: str) -> str:
+    return name.split("[", 1)[0]
+
+
+def _network(attrs: dict[str, Any], file: str, node: str) -> Network:
+    if "bw" not in attrs:
+        raise CometInputError(file, node, "expected a network 'bw' in attributes")
+    mesh = "meshX" in attrs
+    dims = (int(attrs.get("meshX", 1)), int(attrs.get("meshY", 1))) if mesh else (1, 1)
+    return Network(
+        mesh=mesh,
+        dims=dims,
+        port_bw=int(attrs["bw"]),
+        hop_latency=int(attrs.get("hop_latency", 1)),
+        broadcast=bool(attrs.get("broadcast_support", False)),
+        reduction=bool(attrs.get("reduction_support", False)),
+        queuing_delay=int(attrs.get("queuing_delay", 0)),
+        channel_width=int(attrs.get("channel_width", 32)),
+    )
+
+
+def read_arch(doc: dict[str, Any], file: str) -> Arch:
+    """Levels, specs and networks of an arch file (see the module docstring)."""
+    specs: dict[str, tuple[bool, dict[str, Any]]] = {}
+    for key, compute in (("ComputeTiles", True), ("MemoryTypes", False)):
+        for i, entry in enumerate(doc.get(key) or []):
+            if not isinstance(entry, dict) or "name" not in entry:
+                raise CometInputError(file, f"{key}[{i}]", "expected a mapping with a 'name'")
+            specs[str(entry["name"])] = (compute, dict(entry.get("attributes") or {}))
+    levels: dict[str, Level] = {}
+    counter = [0]
+
+    def visit(entry: Any, parent: Level | None, where: str) -> Level:
+        counter[0] += 1
+        if not isinstance(entry, dict) or "name" not in entry or "type" not in entry:
+            raise CometInputError(file, where, "expected a level with 'name' and 'type'")
+        name = _strip(str(entry["name"]))
+        attrs = dict(entry.get("attributes") or {})
+        if parent is not None and "attributes" not in entry:
+            raise CometInputError(file, f"{where} ({name})", "expected 'attributes'")
+        if name in levels and (entry.get("is_compute") or (parent is not None)):
+            return levels[name]
+        kind = str(entry["type"])
+        if kind not in specs:
+            raise CometInputError(file, f"{where} ({name})", f"unknown type {kind!r}")
+        compute, spec = specs[kind]
+        lvl = Level(name, counter[0], kind, bool(entry.get("is_compute", False)) or False, spec)
+        if lvl.is_compute and not compute:
+            lvl.is_compute = True
+        if attrs:
+            lvl.instances = int(attrs.get("meshX", 1)) * int(attrs.get("meshY", 1))
+            if attrs.get("link_transfers"):
+                lvl.link_net = _network(attrs, file, f"{where} ({name})")
+        levels[name] = lvl
+        for group in ("connects", "drains", "fills"):
+            for j, sub in enumerate(entry.get(group) or []):
+                child = visit(sub, lvl, f"{where}.{group}[{j}]")
+                lvl.child_nets[child.name] = _network(
+                    dict(sub.get("attributes") or {}), file, f"{where}.{group}[{j}]"
+                )
+        return lvl
+
+    roots = doc.get("Hierarchy")
+    if not isinstance(roots, list) or not roots:
+        raise CometInputError(file, "Hierarchy", "expected a list of levels")
+    for i, root in enumerate(roots):
+        visit(root, None, f"Hierarchy[{i}]")
+    return Arch(levels)
+
+
+# --- problem ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """One op of the problem: its io and each tensor's projection (one dim per rank)."""
+
+    name: str
+    ins: tuple[str, ...]
+    out: str
+    projections: dict[int, tuple[int, ...]]  # tensor id -> dim id per rank
+    rw: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Dimensions, sizes, tensors and ops of a COMET problem."""
+
+    dims: tuple[str, ...]
+    sizes: dict[int, int]
+    tensors: tuple[str, ...]  # by id
+    ins: tuple[str, ...]
+    outs: tuple[str, ...]
+    ops: dict[str, OpSpec]  # sorted by name, as COMET iterates them
+
+    def tid(self, name: str, file: str, node: str) -> int:
+        """The id of tensor ``name``."""
+        if name not in self.tensors:
+            raise CometInputError(file, node, f"unknown tensor {name!r}")
+        return self.tensors.index(name)
+
+    def dim(self, name: str, file: str, node: str) -> int:
+        """The id of dimension ``name``."""
+        if name not in self.dims:
+            raise CometInputError(file, node, f"unknown dimension {name!r}")
+        return self.dims.index(name)
+
+    @property
+    def intermediates(self) -> frozenset[int]:
+        """Tensors that are neither problem inputs nor outputs."""
+        io = set(self.ins) | set(self.outs)
+        return frozenset(i for i, t in enumerate(self.tensors) if t not in io)
+
+    def projection(self, tag: str, tid: int) -> tuple[int, ...]:
+        """The projection of ``tid`` as COMET picks it: the tag's op, else the first op using it."""
+        op = self.ops.get(tag)
+        if op is None or tid not in op.projections:
+            name = self.tensors[tid]
+            op = next(
+                (o for o in self.ops.values() if name in o.ins or name == o.out),
+                list(self.ops.values())[-1],
+            )
+        if tid not in op.projections:
+            raise KeyError(tid)
+        return op.projections[tid]
+
+
+def _names(text: Any) -> tuple[str, ...]:
+    return tuple(re.findall(r"[A-Za-z0-9]+", str(text).split("#")[0]))
+
+
+def _value(v: Any, const: dict[str, Any], file: str, node: str) -> int:
+    key = str(v).strip()
+    if key in const:
+        return int(const[key])
+    try:
+        return int(key)
+    except ValueError:
+        raise CometInputError(file, node, f"missing constant {key!r}") from None
+
+
+def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Problem:
+    """Dimensions, tensors and ops of a problem file (see the module docstring)."""
+    p = doc.get("problem") if isinstance(doc, dict) else None
+    if not isinstance(p, dict):
+        raise CometInputError(file, "problem", "expected a 'problem' mapping")
+    io = p.get("io")
+    if not isinstance(io, dict) or "ins" not in io or "outs" not in io:
+        raise CometInputError(file, "problem.io", "expected 'ins' and 'outs'")
+    dims = tuple(str(d) for d in p.get("dimensions") or [])
+    if not dims:
+        raise CometInputError(file, "problem.dimensions", "expected a list of dimensions")
+    inst = p.get("instance") or {}
+    sizes = {i: _value(inst.get(d, ""), const, file, f"problem.instance.{d}") for i, d in
+             enumerate(dims)}  # fmt: skip
+    tensors: list[str] = []
+    ops: dict[str, OpSpec] = {}
+    for i, op in enumerate(p.get("operations") or []):
+        where = f"problem.operations[{i}]"
+        if not isinstance(op, dict) or "name" not in op:
+            raise CometInputError(file, where, "expected an op with a 'name'")
+        name = str(op["name"])
+        proj: dict[int, tuple[int, ...]] = {}
+        rw = set()
+        for j, t in enumerate(op.get("tensors") or []):
+            tname = str(t.get("name"))
+            if tname not in tensors:
+                tensors.append(tname)
+            tid = tensors.index(tname)
+            ranks = []
+            for term in t.get("projection") or []:
+                if not isinstance(term, list) or len(term) != 1 or len(term[0]) != 1:
+                    raise CometInputError(
+                        file, f"{where}.tensors[{j}] ({tname})", "expected [[DIM]] per rank"
+                    )
+                d = str(term[0][0])
+                if d not in dims:
+                    raise CometInputError(file, f"{where} ({name})", f"unknown dimension {d!r}")
+                ranks.append(dims.index(d))
+            proj[tid] = tuple(ranks)
+            if t.get("read-write"):
+                rw.add(tid)
+        out = _names(op.get("out", ""))
+        named = {tensors[t] for t in proj}
+        if len(out) != 1 or not set(_names(op.get("ins", ""))) | set(out) <= named:
+            raise CometInputError(
+                file, f"{where} ({name})", "expected 'ins' and one 'out' among its tensors"
+            )
+        ops[name] = OpSpec(name, _names(op.get("ins", "")), _names(op.get("out", ""))[0],
+                           proj, frozenset(rw))  # fmt: skip
+    if not ops:
+        raise CometInputError(file, "problem.operations", "expected at least one op")
+    return Problem(dims, sizes, tuple(tensors), _names(io["ins"]), _names(io["outs"]),
+                   dict(sorted(ops.items())))  # fmt: skip
+
+
+# --- mapping ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Node:
+    """One node of a COMET mapping tree (``kind``: tile, op, bind or collective)."""
+
+    id: int
+    kind: str
+    children: list[Node] = field(default_factory=list)
+    parent: Node | None = None
+    # tile
+    spatial: bool = False
+    tensors: list[int] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    childs: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    scale: list[int] = field(default_factory=list)
+    rmw: list[bool] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # dim ids, innermost first
+    tilings: list[list[dict[int, int]]] = field(default_factory=list)  # [tensor][spatial idx]
+    # op
+    op_type: str = ""
+    op_name: str = ""
+    primitive: dict[int, int] = field(default_factory=dict)
+    tilesizes: dict[int, dict[int, int]] = field(default_factory=dict)
+    red_dims: list[int] = field(default_factory=list)
+    red_factors: dict[int, int] = field(default_factory=dict)
+    # binding
+    binding: str = ""
+    # collective
+    col_type: str = ""
+    red_op: str = ""
+    dim: int = 0
+    tag: str = ""
+    spatial_factor: int = 0
+    precision: int = 1
+    src: list[str] = field(default_factory=list)
+    dest: list[str] = field(default_factory=list)
+    in_tensor: int = 0
+    out_tensor: int = 0
+    wb_output: bool = False
+    target: str = ""
+    child: str = ""
+
+    @property
+    def label(self) -> str:
+        """COMET's printed name of the node."""
+        names = {"tile": "DataMovementTileNode", "op": "OperationNode",
+                 "bind": "InterTileBinding", "collective": "CollectiveOpNode"}  # fmt: skip
+        return f"{names[self.kind]}::{self.id}"
+
+    @property
+    def is_leaf_tile(self) -> bool:
+        """A tile node whose first child is an op."""
+        return self.kind == "tile" and bool(self.children) and self.children[0].kind == "op"
+
+
+def _tiling(text: str, prob: Problem, const: dict[str, Any], file: str, where: str) -> dict:
+    out: dict[int, list[int]] = {}
+    for key, vals in re.findall(r"\s*([A-Z]+)\s*=\s*\[([^\]]+)\]", text):
+        d = prob.dim(key, file, where)
+        out[d] = [_value(v.strip(), const, file, where) for v in vals.split(",")]
+    return out
+
+
+def _primitive(text: str, prob: Problem, const: dict[str, Any], file: str, where: str) -> dict:
+    out: dict[int, int] = {}
+    for key, val in re.findall(r"(.)=([^ ]*)", str(text)):
+        out[prob.dim(key, file, where)] = _value(val, const, file, where)
+    return out
+
+
+def _attrs(node: Node, raw: dict[str, Any], prob: Problem, const: dict, file: str, where: str):
+    attrs = raw.get("compute_attributes")
+    if not isinstance(attrs, dict):
+        return
+    dims = [str(d) for d in attrs.get("reduction_dimensions") or []]
+    facs = [str(f) for f in attrs.get("reduction_factors") or []]
+    if len(dims) != len(facs):
+        raise CometInputError(file, where, "reduction dimensions and factors differ in length")
+    for d, f in zip(dims, facs, strict=True):
+        name = str(const[d]) if d in const and len(d) != 1 else d
+        did = prob.dim(name, file, where)
+        node.red_dims.append(did)
+        node.red_factors[did] = _value(f, const, file, where)
+
+
+def read_mapping(doc: dict[str, Any], prob: Problem, arch: Arch, const: dict, file: str) -> Node:
+    """The mapping tree, numbered in pre-order as COMET numbers it."""
+    counter = [0]
+
+    def lst(raw: dict[str, Any], key: str, n: int, default: Any, where: str) -> list[Any]:
+        v = raw.get(key)
+        if v is None:
+            return [default] * n
+        if not isinstance(v, list) or len(v) != n:
+            raise CometInputError(file, where, f"expected '{key}' to list one entry per tensor")
+        return v
+
+    def visit(raw: Any, parent: Node | None, path: str) -> Node:
+        if not isinstance(raw, dict) or "node_type" not in raw:
+            raise CometInputError(file, path, "expected a node with a 'node_type'")
+        kind = str(raw["node_type"]).lower()
+        node = Node(counter[0], "")
+        counter[0] += 1
+        node.parent = parent
+        where = f"{path} ({kind} node {node.id})"
+        if kind == "datamovement_tile":
+            node.kind = "tile"
+            node.spatial = str(raw.get("type")) != "temporal"
+            names = [str(t) for t in raw.get("tensors") or []]
+            n = len(names)
+            node.tensors = [prob.tid(t, file, where) for t in names]
+            node.targets = [str(t) for t in lst(raw, "target", n, None, where)]
+            node.childs = [str(t) for t in lst(raw, "child", n, None, where)]
+            for lv in node.targets + node.childs:
+                arch.level(lv, file, where)
+            node.tags = [str(t) for t in lst(raw, "tag", n, "None", where)]
+            node.scale = [int(s) for s in lst(raw, "precision", n, 1, where)]
+            node.rmw = [bool(s) for s in lst(raw, "rmw", n, False, where)]
+            perm = str(raw.get("permutation", ""))
+            perm = str(const.get(perm, perm))
+            node.order = [prob.dim(c, file, where) for c in perm if not c.isspace()]
+            factors = raw.get("factors")
+            if not isinstance(factors, list) or not factors:
+                raise CometInputError(file, where, "expected a list of 'factors'")
+            parsed = [_tiling(str(f), prob, const, file, where) for f in factors]
+            for fac in parsed:
+                if len(fac) != len(node.order) or set(fac) != set(node.order):
+                    raise CometInputError(file, where, "factors and permutation name other dims")
+                if any(len(v) != n for v in fac.values()):
+                    raise CometInputError(file, where, "expected one factor per tensor")
+            node.tilings = [[{d: fac[d][t] for d in node.order} for fac in parsed]
+                            for t in range(n)]  # fmt: skip
+        elif kind == "operation":
+            node.kind = "op"
+            node.op_type = str(raw.get("type", "")).lower()
+            if node.op_type not in OP_TYPES:
+                raise CometInputError(file, where, f"unknown operation type {node.op_type!r}")
+            node.op_name = str(raw.get("name", ""))
+            if node.op_name not in prob.ops:
+                raise CometInputError(file, where, f"op {node.op_name!r} is not in the problem")
+            node.tensors = [prob.tid(str(t), file, where) for t in raw.get("tensors") or []]
+            if "TilePrimitive" not in raw or "TileSteps" not in raw:
+                raise CometInputError(file, where, "expected 'TilePrimitive' and 'TileSteps'")
+            node.primitive = _primitive(raw["TilePrimitive"], prob, const, file, where)
+            steps = raw["TileSteps"] or {}
+            for t in node.tensors:
+                name = prob.tensors[t]
+                if name not in steps:
+                    raise CometInputError(file, where, f"no TileSteps for tensor {name}")
+                node.tilesizes[t] = _primitive(steps[name], prob, const, file, where)
+            _attrs(node, raw, prob, const, file, where)
+        elif kind == "inter_tile_binding":
+            node.kind = "bind"
+            b = str(raw.get("binding", "")).lower()
+            kinds = {"seq": "sequential", "para": "parallel", "pipe": "pipeline", "shar": "sharing"}
+            node.binding = next((v for k, v in kinds.items() if k in b), "")
+            if not node.binding:
+                raise CometInputError(file, where, f"unknown binding {b!r}")
+        elif kind == "collectiveoperation":
+            node.kind = "collective"
+            node.col_type = str(raw.get("type", ""))
+            if node.col_type not in COLLECTIVE_TYPES:
+                raise CometInputError(file, where, f"unknown collective type {node.col_type!r}")
+            node.target = arch.level(str(raw.get("target")), file, where).name
+            node.child = arch.level(str(raw.get("child")), file, where).name
+            node.red_op = {"max": "max", "add": "add", "sub": "add", "mult": "mult"}.get(
+                str(raw.get("reduction_op", "")).lower(), ""
+            )
+            node.dim = prob.dim(str(raw.get("dimension")), file, where)
+            node.tag = str(raw.get("tag", ""))
+            node.spatial_factor = int(raw.get("spatial_factor", 0))
+            node.precision = int(raw.get("precision", 1))
+            node.src = [arch.level(str(s), file, where).name for s in raw.get("src") or []]
+            node.dest = [arch.level(str(s), file, where).name for s in raw.get("dest") or []]
+            node.in_tensor = prob.tid(str(raw.get("in_tensor")), file, where)
+            node.out_tensor = prob.tid(str(raw.get("out_tensor")), file, where)
+            if "wb_output" not in raw:
+                raise CometInputError(file, where, "expected 'wb_output'")
+            node.wb_output = bool(raw["wb_output"])
+        else:
+            raise CometInputError(file, path, f"unknown node_type {raw['node_type']!r}")
+        sub = raw.get("subtree")
+        if sub is not None:
+            for i, s in enumerate(sub if isinstance(sub, list) else [sub]):
+                node.children.append(visit(s, node, f"{path}.subtree[{i}]"))
+        return node
+
+    m = doc.get("mapping") if isinstance(doc, dict) else None
+    if not isinstance(m, dict):
+        raise CometInputError(file, "mapping", "expected a 'mapping' node")
+    return visit(m, None, "mapping")
+
+
+# --- the four files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CometInputs:
+    """The four files of one COMET run, read."""
+
+    arch: Arch
+    problem: Problem
+    mapping: Node
+    const: dict[str, Any]
+    mapping_file: str
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise CometInputError(str(path), "-", "file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "-"
+        raise CometInputError(str(path), where, "not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise CometInputError(str(path), "-", "expected a YAML mapping")
+    return doc
+
+
+def read_case(case_dir: str | Path) -> CometInputs:
+    """Read ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and ``constants.yaml`` of a run."""
+    d = Path(case_dir)
+    files = {k: d / f"{k}.yaml" for k in ("arch", "problem", "mapping", "constants")}
+    docs = {k: _load(p) for k, p in files.items()}
+    const = docs["constants"].get("const")
+    if not isinstance(const, dict):
+        raise CometInputError(str(files["constants"]), "const", "expected a 'const' mapping")
+    arch = read_arch(docs["arch"], str(files["arch"]))
+    prob = read_problem(docs["problem"], const, str(files["problem"]))
+    root = read_mapping(docs["mapping"], prob, arch, const, str(files["mapping"]))
+    return CometInputs(arch, prob, root, const, str(files["mapping"]))

@@ -1,0 +1,165 @@
+"""COMET's front end against the COMET binary's own outputs (../shared/oracles/comet).
+
+One test per case family; each compares every run of the family in the shared folder:
+completed runs to the cycle (total and per unit), total energy within 0.5 %, every per-unit
+cycle part and per-level energy within 1 %; rejected runs rejected with the same levels.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fusekit.accel.comet import (
+    CometFitError,
+    CometInputError,
+    CometModelError,
+    MeshShapeError,
+    evaluate,
+)
+from fusekit.accel.commands import app
+
+ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
+pytestmark = pytest.mark.skipif(
+    not (ORACLE / "summary.csv").exists(), reason="COMET oracle (../shared/oracles/comet) absent"
+)
+runner = CliRunner()
+
+
+def _rows() -> dict[str, dict[str, str]]:
+    if not (ORACLE / "summary.csv").exists():
+        return {}
+    with open(ORACLE / "summary.csv") as f:
+        return {r["case"]: r for r in csv.DictReader(f) if (ORACLE / "cases" / r["case"]).is_dir()}
+
+
+ROWS = _rows()
+
+
+def _check_completed(case: str) -> None:
+    row = ROWS[case]
+    out = evaluate(ORACLE / "cases" / case)
+    assert out["total_cycles"] == int(row["total_cycles"]), case
+    assert out["total_energy_pj"] == pytest.approx(float(row["total_energy_pJ"]), rel=5e-3), case
+    cycles, energy = out["cycles"], out["energy_pj"]
+    for key, value in row.items():
+        if value == "" or not key.startswith(("cyc_", "E_")):
+            continue
+        if key.startswith("E_"):
+            assert energy[key[2:]] == pytest.approx(float(value), rel=1e-2, abs=1e-6), (case, key)
+            continue
+        unit, part = key[4:], "total"
+        for p in ("_CS", "_OS", "_TMW"):
+            if unit.endswith(p):
+                unit, part = unit[: -len(p)], p[1:]
+        assert cycles[unit][part] == pytest.approx(float(value), rel=1e-2), (case, key)
+    # no unit or energy row COMET does not print
+    assert {f"cyc_{u}" for u in cycles} <= {k for k, v in row.items() if v != ""}, case
+    assert {f"E_{e}" for e in energy} <= {k for k, v in row.items() if v != ""}, case
+
+
+def _check_rejected(case: str) -> None:
+    want = ROWS[case]["status"].removeprefix("rejected: ").split("; ")
+    with pytest.raises(CometFitError) as info:
+        evaluate(ORACLE / "cases" / case)
+    assert [f"Tensors do not fit in {lv} | Capacity: {c} Bytes | Requested: {r} Bytes"
+            for lv, c, r in info.value.overflows] == want  # fmt: skip
+    assert "\n" not in str(info.value)
+
+
+FAMILIES = {
+    "example_run": ("ex_example_run_", ""),
+    "edge_gemm_softmax_fused": ("im_edge_gemm_softmax_fused_", "_ok"),
+    "cloud_gemm_softmax_fused": ("im_cloud_gemm_softmax_fused_", "_ok"),
+    "gemm_layernorm_fused": ("au_", "_gemm_layernorm_fused_"),
+    "gemm_only": ("au_", "_gemm_only_"),
+    "softmax_only": ("au_", "_softmax_only_"),
+    "layernorm_only": ("au_", "_layernorm_only_"),
+    "mesh_probe_4x1": ("q_", "gbspatial4x1"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_completed_family_matches_comet(family):
+    prefix, part = FAMILIES[family]
+    cases = [c for c in ROWS if c.startswith(prefix) and part in c and ROWS[c]["status"] == "ok"]
+    assert cases, family
+    for case in cases:
+        _check_completed(case)
+
+
+def test_rejected_tilings_are_rejected_with_the_same_levels():
+    cases = [c for c in ROWS if ROWS[c]["status"].startswith("rejected")]
+    assert cases
+    for case in cases:
+        _check_rejected(case)
+
+
+def test_mesh_probe_3x3_is_a_clear_error_or_a_generalised_value():
+    case = ORACLE / "cases" / "q_cloud_gemm_softmax_fused_M256_N256_K512_gbspatial4x2"
+    with pytest.raises(MeshShapeError, match=r"DataMovementTileNode::4: a 3x3 sub-mesh"):
+        evaluate(case)
+    native = evaluate(case, compat=False)  # hops and data 2(n-1) on an n x n sub-mesh
+    assert native["total_cycles"] > 0
+    result = runner.invoke(app, ["comet", str(case)])
+    assert result.exit_code != 0 and isinstance(result.exception, MeshShapeError)
+
+
+def test_cli_json_and_rejection():
+    case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok0"
+    result = runner.invoke(app, ["comet", str(case), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["total_cycles"] == 53964
+    assert data["cycles"]["ALLREDUCE-21"] == {"OS": 30880, "total": 30880}
+    assert data["energy_pj"]["GEMMEngine-GEMM"] == pytest.approx(1926024.38, rel=1e-6)
+    rej = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M1024_N1024_K256_rej0"
+    result = runner.invoke(app, ["comet", str(rej)])
+    assert isinstance(result.exception, CometFitError)
+    assert "IB | Capacity: 32768" in str(result.exception)
+
+
+def _copy(tmp_path: Path, case: str = "im_edge_gemm_softmax_fused_M256_N256_K128_ok0") -> Path:
+    dst = tmp_path / "case"
+    shutil.copytree(ORACLE / "cases" / case, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "error", "match"),
+    [
+        ("mapping.yaml", "type:              exp", "type:              expo",
+         CometInputError, r"mapping.yaml: .*unknown operation type 'expo'"),
+        ("mapping.yaml", "type:         allreduce", "type:         allreduse",
+         CometInputError, r"collectiveoperation node 12\): unknown collective type"),
+        ("constants.yaml", "  M_SE: 32\n", "", CometInputError, r"missing constant 'M_SE'"),
+        ("problem.yaml", "out: C", "out: Q", CometInputError, r"problem.yaml: .*GEMM"),
+    ],
+)  # fmt: skip
+def test_bad_files_give_one_line_naming_file_and_node(tmp_path, file, old, new, error, match):
+    d = _copy(tmp_path)
+    p = d / file
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new, 1))
+    with pytest.raises(error, match=match) as info:
+        evaluate(d)
+    assert "\n" not in str(info.value)
+
+
+def test_tree_shape_that_crashes_comet_is_named(tmp_path):
+    d = _copy(tmp_path, "au_edge_gemm_only_M256_N256_K128_ok0")
+    p = d / "mapping.yaml"
+    text = p.read_text()
+    # [binding, tile] under one node: COMET dereferences a missing sibling
+    marker = "     - node_type:   DataMovement_Tile\n       target:      [GB,GB,GB]\n"
+    assert marker in text
+    p.write_text(text.replace(marker, "     - node_type: inter_tile_binding\n"
+                              "       binding: sequential\n" + marker, 1))  # fmt: skip
+    with pytest.raises(CometModelError, match=r"DataMovementTileNode::\d+: no binding node"):
+        evaluate(d)
