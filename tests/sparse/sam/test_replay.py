@@ -117,7 +117,14 @@ def test_stalls_change_no_token(k: int, seed: int, depth: int | None, latency: i
         sink=lambda name, ch: _StallingSink(name, ch, rng),
     ).streams
     for port, want in calm.items():
-        assert same_tokens(stalled[port], want), (record["source"], port)
+        got = stalled[port]
+        if port.startswith("out_crd_skip"):  # advisory: integer hints may drop, stops may not
+            stops = [t for t in got if isinstance(t, str)]
+            assert stops == [t for t in want if isinstance(t, str)], (record["source"], port)
+            it = iter(want)
+            assert all(any(t == w for w in it) for t in got), (record["source"], port)
+        else:
+            assert same_tokens(got, want), (record["source"], port)
 
 
 def test_sam_replay_cli(tmp_path: Path) -> None:
