@@ -163,3 +163,18 @@ def test_tree_shape_that_crashes_comet_is_named(tmp_path):
                               "       binding: sequential\n" + marker, 1))  # fmt: skip
     with pytest.raises(CometModelError, match=r"DataMovementTileNode::\d+: no binding node"):
         evaluate(d)
+
+
+def test_each_deviation_switches_off_alone():
+    from fusekit.accel.comet import DEVIATIONS, Compat
+
+    case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok1"
+    comet = evaluate(case)
+    assert comet["total_cycles"] == int(ROWS[case.name]["total_cycles"])
+    root = evaluate(case, compat=Compat().without("unit_sum_total"))
+    assert root["total_cycles"] == comet["root_cycles"] != comet["total_cycles"]
+    for name in DEVIATIONS:  # every switch runs, and energy never depends on one
+        out = evaluate(case, compat=Compat().without(name))
+        assert out["total_energy_pj"] == comet["total_energy_pj"], name
+    with pytest.raises(ValueError, match="'name'"):
+        Compat().without("no_such_quirk")

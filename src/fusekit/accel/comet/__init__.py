@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fusekit.accel.comet.compat import DEVIATIONS as DEVIATIONS
+from fusekit.accel.comet.compat import Compat as Compat
 from fusekit.accel.comet.engine import CometFitError as CometFitError
 from fusekit.accel.comet.engine import CometModelError as CometModelError
 from fusekit.accel.comet.engine import analyse
@@ -15,11 +17,19 @@ from fusekit.accel.comet.files import CometInputError as CometInputError
 from fusekit.accel.comet.files import read_case
 from fusekit.accel.comet.network import MeshShapeError as MeshShapeError
 
-__all__ = ["CometFitError", "CometInputError", "CometModelError", "MeshShapeError", "evaluate"]
+__all__ = [
+    "DEVIATIONS",
+    "CometFitError",
+    "CometInputError",
+    "CometModelError",
+    "Compat",
+    "MeshShapeError",
+    "evaluate",
+]
 
 
 def evaluate(
-    case_dir: str | Path, calc_noc_energy: bool | None = None, compat: bool = True
+    case_dir: str | Path, calc_noc_energy: bool | None = None, compat: bool | Compat = True
 ) -> dict[str, object]:
     """Evaluate one COMET run from its four input files.
 
@@ -27,7 +37,8 @@ def evaluate(
         case_dir: folder with ``arch.yaml``, ``problem.yaml``, ``mapping.yaml``, ``constants.yaml``.
         calc_noc_energy: add the NoC energy rows (COMET's ``--calc_noc_energy``); by default on,
             unless the folder's ``command.txt`` shows a run without it.
-        compat: reproduce COMET's defects (the named quirks); off, the generalised model.
+        compat: which of COMET's defects to reproduce (:class:`Compat`, named in
+            :data:`DEVIATIONS`): ``True`` all (the binary), ``False`` none (the native model).
 
     Returns:
         ``total_cycles``, ``total_energy_pj``, ``cycles`` (unit -> CS/OS/TMW parts and total),
@@ -43,6 +54,8 @@ def evaluate(
     if calc_noc_energy is None:
         cmd = d / "command.txt"
         calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()
+    if isinstance(compat, bool):
+        compat = Compat() if compat else Compat.native()
     inp = read_case(d)
     try:
         return analyse(inp, calc_noc=calc_noc_energy, compat=compat)

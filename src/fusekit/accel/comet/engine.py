@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fusekit.accel.comet.compat import Compat
 from fusekit.accel.comet.files import CometInputs, Level, Node
 from fusekit.accel.comet.network import MeshShapeError, link_energy_pj, link_latency
 from fusekit.errors import FusekitError
@@ -163,7 +164,7 @@ def _binding_of(node: Node, compat: bool = True) -> str:
     return left[-1].binding if left else "sequential"
 
 
-def fit_check(inp: CometInputs, compat: bool = True) -> None:
+def fit_check(inp: CometInputs, compat: Compat) -> None:
     """Reject a tiling whose tiles overflow a level (see stage 1 of the module docstring).
 
     Raises:
@@ -203,9 +204,9 @@ def fit_check(inp: CometInputs, compat: bool = True) -> None:
             return  # the root: COMET checks the dimension sizes only
         if node.spatial:
             return
-        binding = _binding_of(node, compat)
+        binding = _binding_of(node, compat.binding_misread)
         if binding == "none":
-            binding = _binding_of(node.parent, compat)
+            binding = _binding_of(node.parent, compat.binding_misread)
         per_tid: dict[int, dict[str, int]] = {}
         for t, tid in enumerate(node.tensors):
             tag = node.tags[t]
@@ -234,6 +235,8 @@ def fit_check(inp: CometInputs, compat: bool = True) -> None:
         if name == "DRAM":
             continue
         cap = arch.levels[name].capacity_bytes()
+        if not compat.full_double_buffer and arch.levels[name].attrs.get("doublebuffered"):
+            cap //= 2
         req = occupancy.get(name, 0)
         if req > cap:
             over.append((name, cap, req))
@@ -484,9 +487,10 @@ class SteadyState:
     """Stage 4 (see the module docstring): cycles of every node, and the accesses they make."""
 
     def __init__(self, inp: CometInputs, nests: Nests, moves: dict[int, list[list[Move]]],
-                 generalise: bool) -> None:  # fmt: skip
+                 compat: Compat) -> None:  # fmt: skip
         self.inp, self.arch, self.nests, self.moves = inp, inp.arch, nests, moves
-        self.generalise = generalise
+        self.compat = compat
+        self.generalise = not compat.mesh_table
         self.node_cost: dict[int, int] = {}
         self.arch_cost: dict[int, dict[object, dict[tuple[str, str], list[list[Cost]]]]] = {}
         self.level_cost: dict[int, dict[object, dict[str, list[Cost]]]] = {}
@@ -720,7 +724,8 @@ class SteadyState:
                     if i % f:
                         continue
                     v = c.stall[i // f] + c.compulsory[i // f]
-                    out.stall[i] = v if a == 0 else max(out.stall[i], v)
+                    first = a == 0 and (idx == 0 or self.compat.port_overwrite)
+                    out.stall[i] = v if first else max(out.stall[i], v)
         total = out.compute_time + out.ramp_up + out.ramp_down + sum(out.stall)
         return out, total & 0xFFFFFFFF
 
@@ -1009,7 +1014,7 @@ class SteadyState:
         """A spatial tile node: its tensors' transfers to the children against their windows."""
         nest = self.nests.tiles[node.id]
         n_it = max(nest.iters)
-        seq_parent = _binding_of(node, not self.generalise) == "sequential"
+        seq_parent = _binding_of(node, self.compat.binding_misread) == "sequential"
         acc = self.accesses.setdefault(node.id, [])
         self.arch_cost[node.id] = {}
         self.level_cost[node.id] = {}
@@ -1101,7 +1106,7 @@ def _max_count(table: dict[str, dict[int, int]], tids: list[int]) -> tuple[bool,
 class Energy:
     """Stage 5 (see the module docstring): energy per node and level, and parents' iterations."""
 
-    def __init__(self, ss: SteadyState, compat: bool) -> None:
+    def __init__(self, ss: SteadyState, compat: Compat) -> None:
         self.ss = ss
         self.compat = compat
         self.level_pj: dict[int, dict[str, float]] = {}
@@ -1272,7 +1277,9 @@ def _pre_order(node: Node) -> list[Node]:
     return out
 
 
-def report(ss: SteadyState, en: Energy, root: Node, calc_noc: bool) -> dict[str, object]:
+def report(
+    ss: SteadyState, en: Energy, root: Node, calc_noc: bool, compat: Compat
+) -> dict[str, object]:
     """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows."""
     table: dict[str, dict[str, int]] = {}
     total = 0
@@ -1305,7 +1312,7 @@ def report(ss: SteadyState, en: Energy, root: Node, calc_noc: bool) -> dict[str,
             total += (cs[0] + cs[1] + os_) * its
             row = table.setdefault(key, {})
             row["CS"] = row.get("CS", 0) + (cs[0] + cs[1]) * its
-            row["OS"] = row.get("OS", 0) + os_
+            row["OS"] = row.get("OS", 0) + (os_ if compat.unscaled_os else os_ * its)
             if node.is_leaf_tile:
                 total += comp * its
                 table.setdefault(node.children[0].op_name, {})["TMW"] = comp * its
@@ -1330,7 +1337,7 @@ def report(ss: SteadyState, en: Energy, root: Node, calc_noc: bool) -> dict[str,
         for k, row in sorted(table.items())
     }
     return {
-        "total_cycles": total,
+        "total_cycles": total if compat.unit_sum_total else ss.node_cost[root.id],
         "total_energy_pj": float(e_total),
         "cycles": units,
         "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
@@ -1338,13 +1345,14 @@ def report(ss: SteadyState, en: Energy, root: Node, calc_noc: bool) -> dict[str,
     }
 
 
-def analyse(inp: CometInputs, calc_noc: bool = True, compat: bool = True) -> dict[str, object]:
+def analyse(inp: CometInputs, calc_noc: bool = True, compat: Compat | None = None) -> dict:
     """Run COMET's stages 1-6 on one run's inputs (see the module docstring)."""
+    compat = compat or Compat()
     fit_check(inp, compat)
     nests = build_nests(inp)
     moves = build_movements(inp, nests)
-    ss = SteadyState(inp, nests, moves, generalise=not compat)
+    ss = SteadyState(inp, nests, moves, compat)
     ss.visit(inp.mapping)
     en = Energy(ss, compat)
     en.walk(inp.mapping, {}, {}, inp.mapping)
-    return report(ss, en, inp.mapping, calc_noc)
+    return report(ss, en, inp.mapping, calc_noc, compat)

@@ -1,0 +1,50 @@
+"""The compatibility switch: COMET's defects, each named, each reproducible on its own.
+
+``Compat()`` reproduces the COMET binary (what its outputs are checked against);
+``Compat.native()`` switches every defect off; ``Compat().without(name)`` switches one off, which
+is how ``benchmarks/comet_compat.py`` measures each deviation's effect on the shared runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+#: name -> what COMET does (on) and what the native model does instead (off)
+DEVIATIONS: dict[str, str] = {
+    "mesh_table": "collective hops and data come from a table of 1x1/2x2/4x4/16x16 sub-meshes; any "
+    "other shape aborts (README quirk 1) -- native: 2(n-1) hops and data on an n x n sub-mesh",
+    "binding_misread": "a tile whose left sibling is another tile reads that tile's loop type as "
+    "its binding (temporal -> parallel, spatial -> sharing) -- native: the nearest binding on "
+    "the left",
+    "full_double_buffer": "the fit check gives a double-buffered level its whole capacity "
+    "(README quirk 3) -- native: half of it per buffer",
+    "unit_sum_total": "total cycles are the sum of the per-unit CS/OS/TMW table, not the root's "
+    "latency (README quirk 2) -- native: the root node's cycles",
+    "unscaled_os": "the table's OS column adds a node's exposed transfer time once, while the "
+    "total counts it once per parent iteration -- native: OS times the parent iterations",
+    "port_overwrite": "when merging levels, the first level's write-port stalls overwrite its "
+    "read-port stalls instead of taking the larger -- native: the larger",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Compat:
+    """Which of COMET's defects to reproduce (all on: the COMET binary)."""
+
+    mesh_table: bool = True
+    binding_misread: bool = True
+    full_double_buffer: bool = True
+    unit_sum_total: bool = True
+    unscaled_os: bool = True
+    port_overwrite: bool = True
+
+    @classmethod
+    def native(cls) -> Compat:
+        """Every defect off."""
+        return cls(**{f.name: False for f in fields(cls)})
+
+    def without(self, name: str) -> Compat:
+        """This switch with defect ``name`` off."""
+        if name not in DEVIATIONS:
+            raise ValueError(f"comet: expected 'name' in {sorted(DEVIATIONS)} (got {name!r})")
+        return replace(self, **{name: False})
