@@ -194,10 +194,17 @@ def test_array_and_alu_gold() -> None:
     assert out.log == parse("5.0 0 S0 2.0 S1 D")
 
 
-def test_alu_rejects_misaligned_streams() -> None:
+def test_alu_patch_for_a_value_against_a_stop() -> None:
+    """SAM's adder sends a value met by a stop and keeps the stop; its multiplier sends 0."""
+    for op, gold in (("sub", "-5 S0 D"), ("mul", "0 S0 D")):
+        net = Network()
+        alu = net.add(ALU(op, op, net.source("a", parse("S0 D")), net.source("b", parse("5 S0 D"))))
+        out = _sink(net, alu, "out_val")
+        run(net)
+        assert out.log == parse(gold)
     net = Network()
     alu = net.add(
-        ALU("add", "add", net.source("a", parse("1 S0 D")), net.source("b", parse("S0 D")))
+        ALU("max", "max", net.source("a", parse("1 S0 D")), net.source("b", parse("S0 D")))
     )
     _sink(net, alu, "out_val")
     with pytest.raises(ValueError, match="aligned"):

@@ -69,7 +69,10 @@ class ALU(Primitive):
 
     ``op`` names an entry of :data:`BINARY_OPS` or :data:`UNARY_OPS`, or is a function; with
     ``neg1``/``neg2`` an operand is negated first (SAM's subtracting adder). Matching control
-    tokens pass; misaligned streams raise.
+    tokens pass. A value met by a stop on the other side is SAM's patch for a union feeding a
+    reduction (``b(i) + C(i,j) d(j)`` with every input empty, where the reduction's stream has a
+    0 the union's has no slot for): ``add``/``sub`` send the value, ``mul`` sends 0, and the stop
+    waits for the next cycle. Any other misalignment raises.
     """
 
     kind = "alu"
@@ -96,6 +99,8 @@ class ALU(Primitive):
         heads = [self.peek(p, now) for p in self.inputs]
         if any(h is None for h in heads):
             return False
+        if len(heads) == 2 and is_data(heads[0]) != is_data(heads[1]):  # type: ignore[arg-type]
+            return self._patch(heads, now)
         for p in self.inputs:
             self.pop(p)
         if all(is_data(h) for h in heads):  # type: ignore[arg-type]
@@ -109,6 +114,24 @@ class ALU(Primitive):
         self.emit("out_val", tok, now)
         self.done = tok is DONE
         return True
+
+    def _patch(self, heads: list[Token | None], now: int) -> bool:
+        """A value against a stop: send the value (add, sub) or 0 (mul); keep the stop."""
+        side = 0 if is_data(heads[0]) else 1  # type: ignore[arg-type]
+        value, other = heads[side], heads[1 - side]
+        kind = _PATCHED.get(self.op)
+        if kind is None or not isinstance(other, Stop):
+            raise self._malformed("aligned value streams", heads)
+        self.pop(list(self.inputs)[side])
+        signed = self.signs[side] * _number(value)  # type: ignore[arg-type]
+        if kind == "minus" and side == 1:
+            signed = -signed
+        self.emit("out_val", 0 if kind == "zero" else signed, now)
+        return True
+
+
+_PATCHED = {"add": "plus", "sub": "minus", "subtract": "minus", "mul": "zero", "multiply": "zero"}
+"""What SAM's patch sends for a value met by a stop: the value (signed), or 0 for a product."""
 
 
 class Reduce(Primitive):
