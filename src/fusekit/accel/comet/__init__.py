@@ -1,21 +1,29 @@
 """COMET's own inputs, evaluated as COMET evaluates them (Negi et al., arXiv 2509.00599).
 
 ``evaluate(case_dir)`` reads a COMET run's ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and
-``constants.yaml`` and returns COMET's totals, its per-unit cycle table and per-level energies.
+``constants.yaml`` into fusekit's mapping tree (:mod:`fusekit.accel.tree`: the hierarchy, the op
+chain, the tree) and evaluates it with the tree cost model (:mod:`fusekit.accel.tree_model`),
+COMET's defects switched on (:class:`fusekit.accel.compat.Compat`). It returns COMET's totals,
+its per-unit cycle table and per-level energies.
+
+Not yet one model: the mapper (``fusekit accel explore``) still ranks flat
+:class:`fusekit.accel.Mapping` knobs with :func:`fusekit.accel.model.evaluate`; the tree model
+here evaluates any tree, but the explorer does not enumerate trees and ``to_tree`` does not build
+this tree kind.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fusekit.accel.comet.compat import DEVIATIONS as DEVIATIONS
-from fusekit.accel.comet.compat import Compat as Compat
-from fusekit.accel.comet.engine import CometFitError as CometFitError
-from fusekit.accel.comet.engine import CometModelError as CometModelError
-from fusekit.accel.comet.engine import analyse
 from fusekit.accel.comet.files import CometInputError as CometInputError
 from fusekit.accel.comet.files import read_case
-from fusekit.accel.comet.network import MeshShapeError as MeshShapeError
+from fusekit.accel.compat import DEVIATIONS as DEVIATIONS
+from fusekit.accel.compat import Compat as Compat
+from fusekit.accel.noc import MeshShapeError as MeshShapeError
+from fusekit.accel.tree_model import FitError as CometFitError
+from fusekit.accel.tree_model import TreeModelError as CometModelError
+from fusekit.accel.tree_model import analyse
 
 __all__ = [
     "DEVIATIONS",

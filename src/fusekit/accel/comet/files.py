@@ -22,91 +22,31 @@ Every problem is raised as :class:`CometInputError`, one line naming the file an
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fusekit.errors import FusekitError
+from fusekit.accel.tree import (
+    Chain,
+    Hierarchy,
+    Level,
+    Network,
+    OpSpec,
+    TreeInputError,
+    TreeMapping,
+    TreeNode,
+)
 
 OP_TYPES = ("gemm", "softmax", "max", "exp", "div", "add", "mult", "sqrt", "rowsum", "rowmax")
 COLLECTIVE_TYPES = ("broadcast", "reduction", "allgather", "allreduce", "scatter", "gather")
 
 
-class CometInputError(FusekitError, ValueError):
-    """A COMET input file is malformed; the message is one line naming the file and the node."""
-
-    def __init__(self, file: str, node: str, problem: str) -> None:
-        self.file = file
-        self.node = node
-        super().__init__(f"{file}: {node}: {problem}")
+#: A malformed COMET file: one line naming the file and the node.
+CometInputError = TreeInputError
 
 
 # --- arch -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Network:
-    """A parent-to-child (or peer) network: COMET's ``NetworkSpec`` attributes."""
-
-    mesh: bool
-    dims: tuple[int, int]
-    port_bw: int
-    hop_latency: int
-    broadcast: bool
-    reduction: bool
-    queuing_delay: int
-    channel_width: int
-
-
-@dataclass(slots=True)
-class Level:
-    """One architecture level (memory or compute) with its spec and networks."""
-
-    name: str
-    rank: int  # creation order: COMET orders its per-level maps by this
-    kind: str  # spec (type) name, e.g. "GBuffer", "SystolicArray"
-    is_compute: bool
-    attrs: dict[str, Any]
-    instances: int = 1
-    child_nets: dict[str, Network] = field(default_factory=dict)
-    link_net: Network | None = None
-
-    def num(self, key: str, default: float = 0) -> Any:
-        """A numeric spec attribute (``default`` when absent)."""
-        return self.attrs.get(key, default)
-
-    def width_bytes(self) -> int:
-        """Bytes per access block."""
-        return int(self.attrs.get("width", 1))
-
-    def capacity_bytes(self) -> int:
-        """Bytes of one instance: ``width * depth`` (compute levels: ``capacity``)."""
-        if self.is_compute:
-            return int(self.attrs.get("capacity", 0))
-        return int(self.attrs.get("width", 1)) * int(self.attrs.get("depth", 1))
-
-    def bw(self, which: str) -> int:
-        """A bandwidth attribute (``parent_read_bw``, ...); a generic ``bw`` overrides them."""
-        if "bw" in self.attrs:
-            return int(self.attrs["bw"])
-        return int(self.attrs.get(which, 0))
-
-
-@dataclass(slots=True)
-class Arch:
-    """The levels by name."""
-
-    levels: dict[str, Level]
-
-    def level(self, name: str, file: str, node: str) -> Level:
-        """The level called ``name``; a clear error when there is none."""
-        if name not in self.levels:
-            raise CometInputError(
-                file, node, f"unknown level {name!r} (levels: {', '.join(sorted(self.levels))})"
-            )
-        return self.levels[name]
 
 
 def _strip(name: str) -> str:
@@ -130,7 +70,7 @@ def _network(attrs: dict[str, Any], file: str, node: str) -> Network:
     )
 
 
-def read_arch(doc: dict[str, Any], file: str) -> Arch:
+def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
     """Levels, specs and networks of an arch file (see the module docstring)."""
     specs: dict[str, tuple[bool, dict[str, Any]]] = {}
     for key, compute in (("ComputeTiles", True), ("MemoryTypes", False)):
@@ -176,64 +116,10 @@ def read_arch(doc: dict[str, Any], file: str) -> Arch:
         raise CometInputError(file, "Hierarchy", "expected a list of levels")
     for i, root in enumerate(roots):
         visit(root, None, f"Hierarchy[{i}]")
-    return Arch(levels)
+    return Hierarchy(levels)
 
 
 # --- problem ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OpSpec:
-    """One op of the problem: its io and each tensor's projection (one dim per rank)."""
-
-    name: str
-    ins: tuple[str, ...]
-    out: str
-    projections: dict[int, tuple[int, ...]]  # tensor id -> dim id per rank
-    rw: frozenset[int]
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Dimensions, sizes, tensors and ops of a COMET problem."""
-
-    dims: tuple[str, ...]
-    sizes: dict[int, int]
-    tensors: tuple[str, ...]  # by id
-    ins: tuple[str, ...]
-    outs: tuple[str, ...]
-    ops: dict[str, OpSpec]  # sorted by name, as COMET iterates them
-
-    def tid(self, name: str, file: str, node: str) -> int:
-        """The id of tensor ``name``."""
-        if name not in self.tensors:
-            raise CometInputError(file, node, f"unknown tensor {name!r}")
-        return self.tensors.index(name)
-
-    def dim(self, name: str, file: str, node: str) -> int:
-        """The id of dimension ``name``."""
-        if name not in self.dims:
-            raise CometInputError(file, node, f"unknown dimension {name!r}")
-        return self.dims.index(name)
-
-    @property
-    def intermediates(self) -> frozenset[int]:
-        """Tensors that are neither problem inputs nor outputs."""
-        io = set(self.ins) | set(self.outs)
-        return frozenset(i for i, t in enumerate(self.tensors) if t not in io)
-
-    def projection(self, tag: str, tid: int) -> tuple[int, ...]:
-        """The projection of ``tid`` as COMET picks it: the tag's op, else the first op using it."""
-        op = self.ops.get(tag)
-        if op is None or tid not in op.projections:
-            name = self.tensors[tid]
-            op = next(
-                (o for o in self.ops.values() if name in o.ins or name == o.out),
-                list(self.ops.values())[-1],
-            )
-        if tid not in op.projections:
-            raise KeyError(tid)
-        return op.projections[tid]
 
 
 def _names(text: Any) -> tuple[str, ...]:
@@ -250,7 +136,7 @@ def _value(v: Any, const: dict[str, Any], file: str, node: str) -> int:
         raise CometInputError(file, node, f"missing constant {key!r}") from None
 
 
-def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Problem:
+def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain:
     """Dimensions, tensors and ops of a problem file (see the module docstring)."""
     p = doc.get("problem") if isinstance(doc, dict) else None
     if not isinstance(p, dict):
@@ -301,69 +187,14 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Probl
                            proj, frozenset(rw))  # fmt: skip
     if not ops:
         raise CometInputError(file, "problem.operations", "expected at least one op")
-    return Problem(dims, sizes, tuple(tensors), _names(io["ins"]), _names(io["outs"]),
+    return Chain(dims, sizes, tuple(tensors), _names(io["ins"]), _names(io["outs"]),
                    dict(sorted(ops.items())))  # fmt: skip
 
 
 # --- mapping ----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Node:
-    """One node of a COMET mapping tree (``kind``: tile, op, bind or collective)."""
-
-    id: int
-    kind: str
-    children: list[Node] = field(default_factory=list)
-    parent: Node | None = None
-    # tile
-    spatial: bool = False
-    tensors: list[int] = field(default_factory=list)
-    targets: list[str] = field(default_factory=list)
-    childs: list[str] = field(default_factory=list)
-    tags: list[str] = field(default_factory=list)
-    scale: list[int] = field(default_factory=list)
-    rmw: list[bool] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)  # dim ids, innermost first
-    tilings: list[list[dict[int, int]]] = field(default_factory=list)  # [tensor][spatial idx]
-    # op
-    op_type: str = ""
-    op_name: str = ""
-    primitive: dict[int, int] = field(default_factory=dict)
-    tilesizes: dict[int, dict[int, int]] = field(default_factory=dict)
-    red_dims: list[int] = field(default_factory=list)
-    red_factors: dict[int, int] = field(default_factory=dict)
-    # binding
-    binding: str = ""
-    # collective
-    col_type: str = ""
-    red_op: str = ""
-    dim: int = 0
-    tag: str = ""
-    spatial_factor: int = 0
-    precision: int = 1
-    src: list[str] = field(default_factory=list)
-    dest: list[str] = field(default_factory=list)
-    in_tensor: int = 0
-    out_tensor: int = 0
-    wb_output: bool = False
-    target: str = ""
-    child: str = ""
-
-    @property
-    def label(self) -> str:
-        """COMET's printed name of the node."""
-        names = {"tile": "DataMovementTileNode", "op": "OperationNode",
-                 "bind": "InterTileBinding", "collective": "CollectiveOpNode"}  # fmt: skip
-        return f"{names[self.kind]}::{self.id}"
-
-    @property
-    def is_leaf_tile(self) -> bool:
-        """A tile node whose first child is an op."""
-        return self.kind == "tile" and bool(self.children) and self.children[0].kind == "op"
-
-
-def _tiling(text: str, prob: Problem, const: dict[str, Any], file: str, where: str) -> dict:
+def _tiling(text: str, prob: Chain, const: dict[str, Any], file: str, where: str) -> dict:
     out: dict[int, list[int]] = {}
     for key, vals in re.findall(r"\s*([A-Z]+)\s*=\s*\[([^\]]+)\]", text):
         d = prob.dim(key, file, where)
@@ -371,14 +202,14 @@ def _tiling(text: str, prob: Problem, const: dict[str, Any], file: str, where: s
     return out
 
 
-def _primitive(text: str, prob: Problem, const: dict[str, Any], file: str, where: str) -> dict:
+def _primitive(text: str, prob: Chain, const: dict[str, Any], file: str, where: str) -> dict:
     out: dict[int, int] = {}
     for key, val in re.findall(r"(.)=([^ ]*)", str(text)):
         out[prob.dim(key, file, where)] = _value(val, const, file, where)
     return out
 
 
-def _attrs(node: Node, raw: dict[str, Any], prob: Problem, const: dict, file: str, where: str):
+def _attrs(node: TreeNode, raw: dict[str, Any], prob: Chain, const: dict, file: str, where: str):
     attrs = raw.get("compute_attributes")
     if not isinstance(attrs, dict):
         return
@@ -393,7 +224,9 @@ def _attrs(node: Node, raw: dict[str, Any], prob: Problem, const: dict, file: st
         node.red_factors[did] = _value(f, const, file, where)
 
 
-def read_mapping(doc: dict[str, Any], prob: Problem, arch: Arch, const: dict, file: str) -> Node:
+def read_mapping(
+    doc: dict[str, Any], prob: Chain, arch: Hierarchy, const: dict, file: str
+) -> TreeNode:
     """The mapping tree, numbered in pre-order as COMET numbers it."""
     counter = [0]
 
@@ -405,11 +238,11 @@ def read_mapping(doc: dict[str, Any], prob: Problem, arch: Arch, const: dict, fi
             raise CometInputError(file, where, f"expected '{key}' to list one entry per tensor")
         return v
 
-    def visit(raw: Any, parent: Node | None, path: str) -> Node:
+    def visit(raw: Any, parent: TreeNode | None, path: str) -> TreeNode:
         if not isinstance(raw, dict) or "node_type" not in raw:
             raise CometInputError(file, path, "expected a node with a 'node_type'")
         kind = str(raw["node_type"]).lower()
-        node = Node(counter[0], "")
+        node = TreeNode(counter[0], "")
         counter[0] += 1
         node.parent = parent
         where = f"{path} ({kind} node {node.id})"
@@ -504,17 +337,6 @@ def read_mapping(doc: dict[str, Any], prob: Problem, arch: Arch, const: dict, fi
 # --- the four files ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CometInputs:
-    """The four files of one COMET run, read."""
-
-    arch: Arch
-    problem: Problem
-    mapping: Node
-    const: dict[str, Any]
-    mapping_file: str
-
-
 def _load(path: Path) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(path.read_text())
@@ -529,7 +351,7 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def read_case(case_dir: str | Path) -> CometInputs:
+def read_case(case_dir: str | Path) -> TreeMapping:
     """Read ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and ``constants.yaml`` of a run."""
     d = Path(case_dir)
     files = {k: d / f"{k}.yaml" for k in ("arch", "problem", "mapping", "constants")}
@@ -540,4 +362,4 @@ def read_case(case_dir: str | Path) -> CometInputs:
     arch = read_arch(docs["arch"], str(files["arch"]))
     prob = read_problem(docs["problem"], const, str(files["problem"]))
     root = read_mapping(docs["mapping"], prob, arch, const, str(files["mapping"]))
-    return CometInputs(arch, prob, root, const, str(files["mapping"]))
+    return TreeMapping(arch, prob, root, const, str(files["mapping"]))

@@ -1,4 +1,7 @@
-"""COMET's analysis of a mapping tree, stage by stage (d-matrix-ai/comet, commit 917af0d).
+"""The cost model of a mapping tree (:mod:`fusekit.accel.tree`), stage by stage.
+
+Its semantics are COMET's (d-matrix-ai/comet, commit 917af0d): the COMET front end
+(:mod:`fusekit.accel.comet`) reads COMET's files into a tree and evaluates it here.
 
 The stages, run by :func:`analyse`:
 
@@ -21,7 +24,8 @@ The stages, run by :func:`analyse`:
    compute) and per-level energy rows.
 
 The arithmetic follows COMET's, defects included where the compatibility switch asks for them
-(see :mod:`fusekit.accel.comet`).
+(:class:`fusekit.accel.compat.Compat`, each defect named in ``DEVIATIONS``; the COMET front end
+turns them on, the native model has them off).
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fusekit.accel.comet.compat import Compat
-from fusekit.accel.comet.files import CometInputs, Level, Node
-from fusekit.accel.comet.network import MeshShapeError, link_energy_pj, link_latency
+from fusekit.accel.compat import Compat
+from fusekit.accel.noc import MeshShapeError, link_energy_pj, link_latency
+from fusekit.accel.tree import Level, TreeMapping, TreeNode
 from fusekit.errors import FusekitError
 
 f32 = np.float32
@@ -44,7 +48,7 @@ SIMD_PJ = {"div": 0.8, "exp": 3.86, "add": 0.11, "mult": 0.64, "max": 0.0025, "s
 MAC_PJ = 0.2296
 
 
-class CometFitError(FusekitError, ValueError):
+class FitError(FusekitError, ValueError):
     """A tiling COMET's fit check rejects; the message names every overflowing level."""
 
     def __init__(self, file: str, overflows: list[tuple[str, int, int]]) -> None:
@@ -56,8 +60,8 @@ class CometFitError(FusekitError, ValueError):
         super().__init__(f"{file}: tiling rejected by the fit check: {parts}")
 
 
-class CometModelError(FusekitError, ValueError):
-    """A mapping COMET cannot evaluate (it would crash); names the node."""
+class TreeModelError(FusekitError, ValueError):
+    """A tree the model cannot evaluate (COMET would crash on it); names the node."""
 
 
 # --- plain records ----------------------------------------------------------------------------
@@ -133,7 +137,7 @@ class Access:
 # --- stage 1: fit check -----------------------------------------------------------------------
 
 
-def _binding_of(node: Node, compat: bool = True) -> str:
+def _binding_of(node: TreeNode, compat: bool = True) -> str:
     """The binding that governs ``node`` among its siblings (COMET's left-neighbour rule).
 
     COMET reads the sibling left of ``node`` (two to the left for the last child) as a binding.
@@ -147,7 +151,7 @@ def _binding_of(node: Node, compat: bool = True) -> str:
     kids = parent.children
     i = kids.index(node)
     if i == len(kids) - 1 and i < 2:
-        raise CometModelError(
+        raise TreeModelError(
             f"{node.label}: no binding node on its left ({len(kids)} siblings): COMET "
             "dereferences a missing sibling here and crashes (use [binding, tile, binding, ...])"
         )
@@ -157,24 +161,24 @@ def _binding_of(node: Node, compat: bool = True) -> str:
     if compat and pick.kind == "tile":
         return "sharing" if pick.spatial else "parallel"
     if compat:
-        raise CometModelError(
+        raise TreeModelError(
             f"{node.label}: its left sibling {pick.label} is not a binding (COMET reads garbage)"
         )
     left = [k for k in kids[:i] if k.kind == "bind"]
     return left[-1].binding if left else "sequential"
 
 
-def fit_check(inp: CometInputs, compat: Compat) -> None:
+def fit_check(inp: TreeMapping, compat: Compat) -> None:
     """Reject a tiling whose tiles overflow a level (see stage 1 of the module docstring).
 
     Raises:
-        CometFitError: every overflowing level with requested and available bytes.
+        FitError: every overflowing level with requested and available bytes.
     """
     prob, arch = inp.problem, inp.arch
     sizes: dict[tuple[int, str], dict[int, int]] = {}
     occupancy: dict[str, int] = {}
 
-    def visit(node: Node) -> None:
+    def visit(node: TreeNode) -> None:
         if node.kind == "op":
             for t, ts in node.tilesizes.items():
                 sizes[(t, node.op_name)] = dict(ts)
@@ -241,10 +245,10 @@ def fit_check(inp: CometInputs, compat: Compat) -> None:
         if req > cap:
             over.append((name, cap, req))
     if over:
-        raise CometFitError(inp.mapping_file, over)
+        raise FitError(inp.mapping_file, over)
 
 
-def _left_size(node: Node, sizes: dict[tuple[int, str], dict[int, int]]) -> dict[int, int]:
+def _left_size(node: TreeNode, sizes: dict[tuple[int, str], dict[int, int]]) -> dict[int, int]:
     assert node.parent is not None
     for c in node.parent.children:
         if c is node:
@@ -253,7 +257,7 @@ def _left_size(node: Node, sizes: dict[tuple[int, str], dict[int, int]]) -> dict
             for (tid, _tag), s in sorted(sizes.items(), key=lambda kv: kv[0][1]):
                 if tid == node.in_tensor:
                     return s
-    raise CometModelError(f"{node.label}: tensor {node.in_tensor} is not produced on its left")
+    raise TreeModelError(f"{node.label}: tensor {node.in_tensor} is not produced on its left")
 
 
 # --- stage 2: loop nests ----------------------------------------------------------------------
@@ -268,7 +272,7 @@ class Nests:
     col_out: dict[int, list[dict[int, int]]] = field(default_factory=dict)
 
 
-def build_nests(inp: CometInputs) -> Nests:
+def build_nests(inp: TreeMapping) -> Nests:
     """Stage 2 (see the module docstring)."""
     prob = inp.problem
     stride: dict[tuple[int, str], dict[int, int]] = {}
@@ -277,7 +281,7 @@ def build_nests(inp: CometInputs) -> Nests:
     out = Nests()
     inter = prob.intermediates
 
-    def visit(node: Node) -> None:
+    def visit(node: TreeNode) -> None:
         if node.kind == "op":
             for t, ts in node.tilesizes.items():
                 stride[(t, node.op_name)] = dict(ts)
@@ -292,7 +296,7 @@ def build_nests(inp: CometInputs) -> Nests:
         if node.kind == "collective":
             extents = produced.get(node.target, {}).get(node.in_tensor)
             if extents is None:
-                raise CometModelError(
+                raise TreeModelError(
                     f"{node.label}: in_tensor {prob.tensors[node.in_tensor]} is not produced at "
                     f"{node.target} on its left (COMET reads an empty tile here)"
                 )
@@ -359,7 +363,7 @@ def build_nests(inp: CometInputs) -> Nests:
 # --- stage 3: movements -----------------------------------------------------------------------
 
 
-def _temporal_moves(nest: Nest, node: Node, t: int, proj: tuple[int, ...]) -> list[Move]:
+def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -> list[Move]:
     """Walk a temporal node's iterations (innermost dim first); a tile moves when it changes."""
     desc = nest.desc[t][-1]
     order = node.order
@@ -383,12 +387,12 @@ def _temporal_moves(nest: Nest, node: Node, t: int, proj: tuple[int, ...]) -> li
     return moves
 
 
-def build_movements(inp: CometInputs, nests: Nests) -> dict[int, list[list[Move]]]:
+def build_movements(inp: TreeMapping, nests: Nests) -> dict[int, list[list[Move]]]:
     """Stage 3 (see the module docstring): per tile node, per tensor, one record per iteration."""
     prob = inp.problem
     moves: dict[int, list[list[Move]]] = {}
 
-    def visit(node: Node) -> None:
+    def visit(node: TreeNode) -> None:
         if node.kind != "tile":
             return
         nest = nests.tiles[node.id]
@@ -399,7 +403,7 @@ def build_movements(inp: CometInputs, nests: Nests) -> dict[int, list[list[Move]
         else:
             parent = node.parent
             if parent is None or parent.kind != "tile" or parent.spatial:
-                raise CometModelError(f"{node.label}: a spatial tile needs a temporal tile above")
+                raise TreeModelError(f"{node.label}: a spatial tile needs a temporal tile above")
             pnest = nests.tiles[parent.id]
             pidx = 0  # COMET keeps the last match when a tensor's tag is not in the parent
             for t, tid in enumerate(node.tensors):
@@ -435,7 +439,7 @@ def build_movements(inp: CometInputs, nests: Nests) -> dict[int, list[list[Move]
 # --- stage 4: steady state --------------------------------------------------------------------
 
 
-def compute_cycles(level: Level, op: Node) -> int:
+def compute_cycles(level: Level, op: TreeNode) -> int:
     """Cycles of one tile primitive of ``op`` on compute ``level`` (COMET's compute classes).
 
     Systolic array (ScaleSim): ``(2R + C + T - 2)`` per fold, folds over the ``R x C`` arrays
@@ -446,11 +450,11 @@ def compute_cycles(level: Level, op: Node) -> int:
     if level.kind == "SystolicArray":
         rows, cols = int(a.get("array_rows", 32)), int(a.get("array_cols", 32))
         if not op.red_dims:
-            raise CometModelError(f"{op.label}: a systolic GEMM needs reduction_dimensions")
+            raise TreeModelError(f"{op.label}: a systolic GEMM needs reduction_dimensions")
         t = op.red_factors[op.red_dims[-1]]
         dims = list(reversed(op.primitive.values()))  # COMET's hash-map order
         if t not in dims:
-            raise CometModelError(f"{op.label}: reduction factor {t} is not a tile size")
+            raise TreeModelError(f"{op.label}: reduction factor {t} is not a tile size")
         dims.remove(t)
         folds = 1
         for i, (v, n) in enumerate(zip(dims[:2], (rows * int(a.get("num_sa_rows", 1)),
@@ -465,7 +469,7 @@ def compute_cycles(level: Level, op: Node) -> int:
         elif op.op_type in SIMD_CYCLES:
             cyc = SIMD_CYCLES[op.op_type]
         else:
-            raise CometModelError(f"{op.label}: op type {op.op_type} is not a SIMD op")
+            raise TreeModelError(f"{op.label}: op type {op.op_type} is not a SIMD op")
         red = f32(1)
         for d in op.red_dims:
             red = f32(red * f32(op.red_factors[d]))
@@ -480,13 +484,13 @@ def compute_cycles(level: Level, op: Node) -> int:
             lat += math.prod(op.primitive.values()) // 512 * int(a.get("computeLatency", 0))
             return lat
         return int(a.get("computeLatency", 0))
-    raise CometModelError(f"{op.label}: no latency model for compute type {level.kind}")
+    raise TreeModelError(f"{op.label}: no latency model for compute type {level.kind}")
 
 
 class SteadyState:
     """Stage 4 (see the module docstring): cycles of every node, and the accesses they make."""
 
-    def __init__(self, inp: CometInputs, nests: Nests, moves: dict[int, list[list[Move]]],
+    def __init__(self, inp: TreeMapping, nests: Nests, moves: dict[int, list[list[Move]]],
                  compat: Compat) -> None:  # fmt: skip
         self.inp, self.arch, self.nests, self.moves = inp, inp.arch, nests, moves
         self.compat = compat
@@ -501,7 +505,7 @@ class SteadyState:
         self.ramp_down: dict[int, dict[tuple[int, str], int]] = {}
         self.accesses: dict[int, list[Access]] = {}
         self.col_energy: dict[int, tuple[float, float]] = {}  # memory pJ, network pJ
-        self.by_id: dict[int, Node] = {}
+        self.by_id: dict[int, TreeNode] = {}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -518,14 +522,14 @@ class SteadyState:
 
     # -- one transfer --------------------------------------------------------------------------
 
-    def transfer(self, node: Node, t: int, mv: Move) -> tuple[int, int, float]:
+    def transfer(self, node: TreeNode, t: int, mv: Move) -> tuple[int, int, float]:
         """Memory cycles, network cycles and router energy of one iteration's transfer."""
         nest = self.nests.tiles[node.id]
         target = self.arch.levels[node.targets[t]]
         child = self.arch.levels[node.childs[t]]
         net = target.link_net if target is child else target.child_nets.get(child.name)
         if net is None:
-            raise CometModelError(f"{node.label}: no network from {target.name} to {child.name}")
+            raise TreeModelError(f"{node.label}: no network from {target.name} to {child.name}")
         rw = nest.rw[t]
         size, num, nodes = mv.tile, mv.unique, mv.count
         ports = int(target.attrs.get("ports", 1))
@@ -562,7 +566,7 @@ class SteadyState:
                            generalise=self.generalise)  # fmt: skip
         return memory, lat, e
 
-    def evaluate(self, node: Node, t: int, mvs: list[Move], no_stall: list[int], hide: bool,
+    def evaluate(self, node: TreeNode, t: int, mvs: list[Move], no_stall: list[int], hide: bool,
                  reuse: int, different: bool) -> Cost:  # fmt: skip
         """Per-iteration stalls of one tensor's transfers against the windows ``no_stall``."""
         rw = self.nests.tiles[node.id].rw[t]
@@ -599,7 +603,7 @@ class SteadyState:
             c.cumm_stall += stall
         return c
 
-    def target_child_cost(self, node: Node, t: int, op_cycles: int | None, child_cost: int,
+    def target_child_cost(self, node: TreeNode, t: int, op_cycles: int | None, child_cost: int,
                           hide: bool, window: list[int]) -> list[Cost]:  # fmt: skip
         """COMET's per-tensor cost at a node: [read port, write port]."""
         nest = self.nests.tiles[node.id]
@@ -627,7 +631,7 @@ class SteadyState:
 
     # -- merging -------------------------------------------------------------------------------
 
-    def merge_levels(self, node: Node, pairs: dict[tuple[str, str], list[list[Cost]]],
+    def merge_levels(self, node: TreeNode, pairs: dict[tuple[str, str], list[list[Cost]]],
                      port_use: dict[str, dict[int, int]]) -> dict[str, list[Cost]]:  # fmt: skip
         """Merge per-tensor costs into per-target-level costs, windows shared per port."""
         nest = self.nests.tiles[node.id]
@@ -707,7 +711,7 @@ class SteadyState:
                                 windows[tgt1][kk][nn] = max(v, 0)
                     seen[tgt1] += 1
 
-    def node_total(self, node: Node, merged: dict[str, list[Cost]]) -> tuple[Cost, int]:
+    def node_total(self, node: TreeNode, merged: dict[str, list[Cost]]) -> tuple[Cost, int]:
         """Ramps, compute window and per-iteration stalls of a node, and its total cycles."""
         n_it = max(self.nests.tiles[node.id].iters)
         out = Cost.sized(n_it)
@@ -731,7 +735,7 @@ class SteadyState:
 
     # -- windows -------------------------------------------------------------------------------
 
-    def _strip_ramps(self, parent: Node, child: Node, win: list[int]) -> None:
+    def _strip_ramps(self, parent: TreeNode, child: TreeNode, win: list[int]) -> None:
         """Reads hidden by the parent's reuse: their ramp-up is not paid on reused iterations."""
         for key, f in sorted(self.reuse.get(parent.id, {}).items()):
             if (f != 1 and key in self.reuse.get(child.id, {})
@@ -741,7 +745,9 @@ class SteadyState:
                     if i % f:
                         win[i] = (win[i] - up) & 0xFFFFFFFF
 
-    def window_vector(self, parent: Node, children: list[Node] | Node, win: list[int]) -> None:
+    def window_vector(
+        self, parent: TreeNode, children: list[TreeNode] | TreeNode, win: list[int]
+    ) -> None:
         """COMET's memory windows of a node's children, less reused reads' ramp-ups."""
         if isinstance(children, list):
             for c in children:
@@ -761,7 +767,7 @@ class SteadyState:
                             win[i] = (win[i] - up) & 0xFFFFFFFF
                     self.window_vector(parent, list(c.children), win)
 
-    def port_use(self, children: list[Node] | Node) -> dict[str, dict[int, int]]:
+    def port_use(self, children: list[TreeNode] | TreeNode) -> dict[str, dict[int, int]]:
         """Cycles the children's transfers hold each port of a shared-port level."""
         out: dict[str, dict[int, int]] = {}
 
@@ -772,7 +778,7 @@ class SteadyState:
                     v = cv[idx].cumm + (cv[idx].ramp_up if idx == 0 else cv[idx].ramp_down)
                     ports[1 - idx] = ports.get(1 - idx, 0) + v
 
-        def add_node(n: Node) -> None:
+        def add_node(n: TreeNode) -> None:
             for levels in self.level_cost.get(n.id, {}).values():
                 add(levels)
 
@@ -789,7 +795,7 @@ class SteadyState:
 
     # -- the walk ------------------------------------------------------------------------------
 
-    def visit(self, node: Node) -> None:
+    def visit(self, node: TreeNode) -> None:
         """Post-order walk (COMET's steady-state walker); errors name the node."""
         try:
             self._visit(node)
@@ -798,7 +804,7 @@ class SteadyState:
                 raise
             raise MeshShapeError(f"{node.label}: {e}") from None
 
-    def _visit(self, node: Node) -> None:
+    def _visit(self, node: TreeNode) -> None:
         self.by_id[node.id] = node
         if node.kind == "collective":
             self.visit_collective(node)
@@ -822,7 +828,7 @@ class SteadyState:
             self.visit_leaf(node)
             return
         if any(b != "sequential" for b in bindings):
-            raise CometModelError(
+            raise TreeModelError(
                 f"{node.label}: only sequential bindings are modelled (got {', '.join(bindings)})"
             )
         windows: list[tuple[object, int]] = []
@@ -833,7 +839,7 @@ class SteadyState:
                 return
             windows.append((child, self.node_cost[child.id]))
         else:
-            group: list[Node] = []
+            group: list[TreeNode] = []
             kids = node.children
             for i, c in enumerate(kids):
                 if c.kind == "bind" and i % 2 == 0:
@@ -848,12 +854,12 @@ class SteadyState:
         else:
             self.visit_temporal(node, windows)
 
-    def visit_collective(self, node: Node) -> None:
+    def visit_collective(self, node: TreeNode) -> None:
         """A collective's memory and network cycles and energy (COMET's collective model)."""
         lv = self.arch.levels[node.target]
         net = lv.link_net
         if net is None:
-            raise CometModelError(f"{node.label}: {lv.name} has no link network (link_transfers)")
+            raise TreeModelError(f"{node.label}: {lv.name} has no link network (link_transfers)")
         prob = self.inp.problem
         proj = prob.projection("", node.in_tensor)
         order = sorted(range(len(prob.dims)), key=lambda d: prob.dims[d])
@@ -861,7 +867,7 @@ class SteadyState:
         ext_out = self.nests.col_out[node.id][-1]
         for d in order:
             if d not in ext_in:
-                raise CometModelError(f"{node.label}: no extent of dim {prob.dims[d]}")
+                raise TreeModelError(f"{node.label}: no extent of dim {prob.dims[d]}")
         rsize = math.prod(ext_in[d] for d in proj)
         wsize = math.prod(ext_out[d] for d in proj)
         scale = node.precision / 8.0
@@ -934,7 +940,7 @@ class SteadyState:
         else:  # scatter
             sf = n_dst
             if n_dst <= 1:
-                raise CometModelError(f"{node.label}: a scatter needs more than one destination")
+                raise TreeModelError(f"{node.label}: a scatter needs more than one destination")
             ports = min(2, n_dst - 1)
             lr, lw = min(lr, ports * port), min(lw, port)
             mem = (math.ceil((sf - 1) * rsize * scale / (lr * sf))
@@ -950,7 +956,7 @@ class SteadyState:
         self.node_cost[node.id] = cyc
         self.col_energy[node.id] = (re_ + we, net_e)
 
-    def _access(self, node: Node, t: int, c: Cost, level: str, at_target: bool) -> Access:
+    def _access(self, node: TreeNode, t: int, c: Cost, level: str, at_target: bool) -> Access:
         nest = self.nests.tiles[node.id]
         first = self.moves[node.id][t][0].unique
         return Access(
@@ -960,7 +966,7 @@ class SteadyState:
             noc_pj=0.0 if at_target else c.noc_pj,
         )  # fmt: skip
 
-    def _keep_ramp_ups(self, node: Node, ups: dict[str, dict[tuple[int, str], int]]) -> None:
+    def _keep_ramp_ups(self, node: TreeNode, ups: dict[str, dict[tuple[int, str], int]]) -> None:
         """Remember the ramp-ups of the target level that pays the most of them."""
         if not ups:
             return
@@ -970,7 +976,7 @@ class SteadyState:
             if s == top:
                 self.ramp_up.setdefault(node.id, {}).update(ups[lv])
 
-    def visit_leaf(self, node: Node) -> None:
+    def visit_leaf(self, node: TreeNode) -> None:
         """A tile node right above an op: its transfers against the op's compute time."""
         op = node.children[0]
         nest = self.nests.tiles[node.id]
@@ -982,7 +988,7 @@ class SteadyState:
         for t, tid in enumerate(node.tensors):
             child = self.arch.levels[node.childs[t]]
             if not child.is_compute:
-                raise CometModelError(f"{node.label}: the child of an op's tile must compute")
+                raise TreeModelError(f"{node.label}: the child of an op's tile must compute")
             cyc = compute_cycles(child, op)
             ports = self.target_child_cost(node, t, cyc, 0, True, [cyc] * n_it)
             tt = 1 if nest.rw[t] else 0
@@ -1010,7 +1016,7 @@ class SteadyState:
         self.node_cost[node.id] = total
         self._keep_ramp_ups(node, ups)
 
-    def visit_spatial(self, node: Node, windows: list[tuple[object, int]]) -> None:
+    def visit_spatial(self, node: TreeNode, windows: list[tuple[object, int]]) -> None:
         """A spatial tile node: its tensors' transfers to the children against their windows."""
         nest = self.nests.tiles[node.id]
         n_it = max(nest.iters)
@@ -1067,7 +1073,7 @@ class SteadyState:
             _, total = self.node_total(node, merged)
             self.node_cost[node.id] = total
 
-    def visit_temporal(self, node: Node, windows: list[tuple[object, int]]) -> None:
+    def visit_temporal(self, node: TreeNode, windows: list[tuple[object, int]]) -> None:
         """A temporal node over sequential children: their cycles add up."""
         nest = self.nests.tiles[node.id]
         self.level_cost.setdefault(node.id, {})
@@ -1113,7 +1119,7 @@ class Energy:
         self.noc_pj: dict[int, dict[str, float]] = {}
         self.parent_iters: dict[int, int] = {}
 
-    def _left_tensors(self, node: Node) -> list[int]:
+    def _left_tensors(self, node: TreeNode) -> list[int]:
         out: list[int] = []
         assert node.parent is not None
         for c in node.parent.children:
@@ -1123,7 +1129,7 @@ class Energy:
                 out += [t for t in c.tensors if t not in out]
         return out
 
-    def _left_tags(self, node: Node, tid: int) -> list[str]:
+    def _left_tags(self, node: TreeNode, tid: int) -> list[str]:
         out: list[str] = []
         assert node.parent is not None
         for c in node.parent.children:
@@ -1145,7 +1151,7 @@ class Energy:
             elif a.op_type in SIMD_PJ:
                 per = float(f32(SIMD_PJ[a.op_type]))
             else:
-                raise CometModelError(f"op type {a.op_type} has no SIMD energy")
+                raise TreeModelError(f"op type {a.op_type} has no SIMD energy")
             return per * width
         return float(spec.attrs.get("compute_energy", 0)) * spec.instances
 
@@ -1161,8 +1167,8 @@ class Energy:
         e /= a.level.width_bytes() * 8.0
         return e * 2 if a.rmw else e
 
-    def walk(self, node: Node, sp: dict[str, dict[int, int]], iters: dict[str, dict[int, int]],
-             root: Node) -> None:  # fmt: skip
+    def walk(self, node: TreeNode, sp: dict[str, dict[int, int]], iters: dict[str, dict[int, int]],
+             root: TreeNode) -> None:  # fmt: skip
         """Pre-order walk; ``sp`` and ``iters`` are the parents' instance and iteration counts."""
         ss = self.ss
         if node.kind == "op":
@@ -1180,7 +1186,7 @@ class Energy:
                     if not a.compute and not is_root:
                         found, n = _max_count(iters, self._left_tensors(node) + node.tensors)
                         if not found:
-                            raise CometModelError(f"{node.label}: no parent iteration count")
+                            raise TreeModelError(f"{node.label}: no parent iteration count")
                         a.count *= n
                         iters.setdefault(a.tag, {})[a.tid] = n
                         self.parent_iters[node.id] = max(self.parent_iters.get(node.id, 0), n)
@@ -1199,7 +1205,7 @@ class Energy:
                     elif not is_root:
                         found, nodes = _max_count(sp, self._left_tensors(node) + node.tensors)
                         if not found:
-                            raise CometModelError(f"{node.label}: no parent instance count")
+                            raise TreeModelError(f"{node.label}: no parent instance count")
                     if a.compute:
                         n = 1
                         if a.tag in iters:
@@ -1238,7 +1244,7 @@ class Energy:
                 self.walk(c, {k: dict(v) for k, v in sp.items()},
                           {k: dict(v) for k, v in iters.items()}, root)  # fmt: skip
 
-    def _collective(self, node: Node, c: Node, i: int, here: dict[str, dict[int, int]],
+    def _collective(self, node: TreeNode, c: TreeNode, i: int, here: dict[str, dict[int, int]],
                     iters: dict[str, dict[int, int]]) -> None:  # fmt: skip
         ss = self.ss
         mem, net = ss.col_energy[c.id]
@@ -1246,7 +1252,7 @@ class Energy:
         if not node.spatial:
             left = next((x for x in reversed(node.children[:i]) if x.kind == "tile"), None)
             if left is None or not tags:
-                raise CometModelError(f"{c.label}: no tile node producing its tensor on the left")
+                raise TreeModelError(f"{c.label}: no tile node producing its tensor on the left")
             for a in ss.accesses.get(left.id, []):
                 if a.at_target and not a.compute:
                     here.setdefault(a.tag, {})[a.tid] = a.count
@@ -1270,7 +1276,7 @@ class Energy:
 # --- stage 6: report --------------------------------------------------------------------------
 
 
-def _pre_order(node: Node) -> list[Node]:
+def _pre_order(node: TreeNode) -> list[TreeNode]:
     out = [node]
     for c in node.children:
         out += _pre_order(c)
@@ -1278,7 +1284,7 @@ def _pre_order(node: Node) -> list[Node]:
 
 
 def report(
-    ss: SteadyState, en: Energy, root: Node, calc_noc: bool, compat: Compat
+    ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat
 ) -> dict[str, object]:
     """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows."""
     table: dict[str, dict[str, int]] = {}
@@ -1345,7 +1351,7 @@ def report(
     }
 
 
-def analyse(inp: CometInputs, calc_noc: bool = True, compat: Compat | None = None) -> dict:
+def analyse(inp: TreeMapping, calc_noc: bool = True, compat: Compat | None = None) -> dict:
     """Run COMET's stages 1-6 on one run's inputs (see the module docstring)."""
     compat = compat or Compat()
     fit_check(inp, compat)

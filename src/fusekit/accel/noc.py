@@ -20,8 +20,8 @@ import math
 
 import numpy as np
 
-from fusekit.accel.comet.files import Network
-from fusekit.accel.comet.orion import router_energy_pj
+from fusekit.accel.orion import router_energy_pj
+from fusekit.accel.tree import Network
 from fusekit.errors import FusekitError
 
 f32 = np.float32
