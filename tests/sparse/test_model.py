@@ -10,6 +10,7 @@ from fusekit.sparse.model import Statistics, estimate
 from fusekit.sparse.program import Operand, Program, Statement
 from fusekit.sparse.schedule import Schedule
 from fusekit.sparse.search import explore
+from fusekit.sparse.simulate import simulate
 from fusekit.sparse.workloads import autoencoder, bigbird
 
 
@@ -26,11 +27,16 @@ def test_estimate_by_hand() -> None:
     )
     s = Schedule("unfused", (("C",),), (("C", ("i", "j", "k")),))
     e = estimate(p, s, Statistics(p, Patterns.of(p)), Machine(memory=None))
-    # iterators: i 1*(2+1)=3, j 2*(4+1)=10, k 8*(3+1)=32; values 24; reducer 24 + 8 outputs = 32
-    busiest = 32
-    fill = 2 * 1 * (3 + 3)  # 2 cycles per stage, 3 levels + array, ALU, reducer
+    # streams (points + one stop per fiber + D): iterators i 2+1+1=4, j 8+2+1=11, k 24+8+1=33;
+    # values 33; the reducer takes 33 and fires once more per row stop (2): 35, and sends
+    # 8 sums + 2 stops + D = 11
+    busiest = 35
+    fill = 2 * 3 + 3  # two stages per level, three for the values (array, ALU, reducer)
     assert e.cycles == pytest.approx(busiest + fill)
-    assert e.flops == pytest.approx(24 + 32)  # one ALU op per value, reducer tokens
+    assert e.flops == pytest.approx(33 + 35)  # the ALU's tokens and the reducer's firings
+    # the simulator counts the same for a dense program (no empty fibers to estimate)
+    r = simulate(p, s, Machine(memory=None))
+    assert (r.cycles, r.flops) == (pytest.approx(e.cycles), pytest.approx(e.flops))
     assert "cycles" in e.explain()
 
 

@@ -8,15 +8,22 @@ points per depth, with independent operands::
     N_t = N_{t-1} * extent(v_t) * rho(v_t)      rho = prod_o rho_o (intersection, mul)
                                                 rho = 1 - prod_o (1 - rho_o) (union, add/sub/max)
 
-and each primitive handles about ``N`` tokens plus one stop per fiber: a scanner of operand
-``o`` at depth ``t`` ``N_{t-1} (extent * rho_o + 1)``, a repeater ``N_t + N_{t-1}``, the value
-primitives (arrays, ALUs, reducer) ``N_T``, a writer the output's stored entries. A fused
+and each primitive handles the tokens of its stream as the per-token machine counts them
+(:mod:`fusekit.sparse.graph`): the points, one stop per fiber, one stop per expected empty fiber
+above (``E_d = N_d (1 - rho_{d+1})^extent``) and the done token. A scanner of operand ``o`` at
+depth ``t`` sends ``N_{t-1} extent rho_o + stops_t`` (plus an ``N`` where a unioner one level up
+found ``o`` absent), an intersecter steps over the union of its inputs, a repeater or an
+iterator sends ``N_t + stops_t``, the arrays and ALUs the value stream ``N_T + stops_T``, a
+reducer takes that and sends a value per stop and the stops one level up, a sparse accumulator
+sends the output entries and a stop per reduction, and writers take what they store. A fused
 producer is replayed ``N_consumer(context) / N_producer(prefix)`` times (forked instead of
 replayed when several consumers share its context and one binding's output fits in a FIFO).
 Then, as in the simulator (FuseFlow's machine model, one token per primitive per cycle)::
 
     cycles = sum_regions max(max_p tokens_p / lanes_p, word_bytes * memory_tokens / bandwidth)
-             + 2 * depth + latency * memory_levels
+             + latency * stages + memory_latency * memory_levels
+
+with ``stages = sum over the longest chain of fused statements of (2 * levels + 3)``.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class Statistics:
 @dataclass
 class _Nest:
     points: list[float]
-    tokens: list[tuple[str, float, bool, int]]  # kind, tokens, memory, depth
+    tokens: list[tuple[str, float, bool, int]]  # kind, busy cycles (= tokens), memory, depth
     out_points: float
 
 
@@ -96,6 +103,12 @@ def _nest(
     fused: set[str],
     storage: dict[tuple[str, str], tuple[int, ...]],
 ) -> _Nest:
+    """Expected points per depth and tokens per primitive, as the per-token machine counts them.
+
+    A stream at depth ``t`` carries its points, one stop per fiber and one stop per empty fiber
+    above (``E_d = N_d (1 - rho_{d+1})^extent``: no coordinate of the fiber survives); a scanner
+    given an absent reference (a unioner's missing side one level up) sends ``N`` and a stop.
+    """
     ext = program.extents(st)
     union = st.combine in ("add", "sub", "max")
     rho_at: dict[tuple[int, str], float] = {}
@@ -107,8 +120,17 @@ def _nest(
         )
         for lvl, r in zip(mode, stats.occupancy(o.tensor, mode), strict=True):
             rho_at[(k, o.vars[lvl])] = r
-    n, points, tokens = 1.0, [1.0], []
-    for t, v in enumerate(order):
+    points: list[float] = [1.0]  # N_t
+    empty: list[float] = []  # E_d: the expected empty fibers under depth d
+    tokens: list[tuple[str, float, bool, int]] = []
+    absent: dict[int, float] = {}  # operand -> share of the points where it is absent (N)
+
+    def stops(s: int) -> float:
+        return points[s - 1] + sum(empty[: s - 1]) if s >= 1 else 0.0
+
+    for t, v in enumerate(order, start=1):
+        n = points[-1]
+        fiber_stops = n + sum(empty)  # one per fiber and one per empty fiber above
         scans = [
             (k, rho_at[(k, v)])
             for k in range(len(st.operands))
@@ -116,41 +138,55 @@ def _nest(
         ]
         if scans:
             rs = [r for _, r in scans]
-            rho = 1 - float(np.prod([1 - r for r in rs])) if union else float(np.prod(rs))
+            either = 1 - float(np.prod([1 - r for r in rs]))
+            rho = either if union else float(np.prod(rs))
+            nulls = {k: n * absent.get(k, 0.0) for k, _ in scans}
             for k, r in scans:
-                tokens.append(
-                    ("scanner", n * (ext[v] * r + 1), st.operands[k].tensor not in fused, t)
-                )
-            if len(scans) > 1:
-                tokens.append(
-                    (
-                        "intersecter",
-                        n * (ext[v] * (1 - float(np.prod([1 - r for r in rs]))) + 1),
-                        False,
-                        t,
-                    )
-                )
+                stored = st.operands[k].tensor not in fused
+                tokens.append(("scanner", n * ext[v] * r + fiber_stops + nulls[k] + 1, stored, t))
+            if len(scans) > 1:  # one step per coordinate of either side, per stop, per N
+                steps = n * ext[v] * either + fiber_stops + sum(nulls.values()) + 1
+                tokens.append(("intersecter", steps, False, t))
+            absent = (
+                {k: (1 - r) * (1 - (1 - either) / (1 - r)) / either for k, r in scans}
+                if union and len(scans) > 1 and either > 0
+                else {}
+            )
         else:
             rho = 1.0
-            tokens.append(("iterator", n * (ext[v] + 1), False, t))
+            tokens.append(("iterator", n * ext[v] + fiber_stops + 1, False, t))
         new = n * ext[v] * rho
         for o in st.operands:
             if v not in o.vars:
-                tokens.append(("repeater", new + n, False, t))
-        n = new
-        points.append(n)
+                tokens.append(("repeater", new + fiber_stops + 1, False, t))
+        empty.append(n * (1 - rho) ** ext[v])
+        points.append(new)
+    last = len(order)
+    values = points[last] + stops(last) + 1
     for o in st.operands:
-        tokens.append(("array", n, o.tensor not in fused, len(order)))
-    tokens += [("alu", n, False, len(order))] * max(len(st.operands) - 1, 0)
+        tokens.append(("array", values, o.tensor not in fused, last))
+    tokens += [("alu", values, False, last)] * max(len(st.operands) - 1, 0)
     out_density = (
         float(stats.patterns.masks[st.out].mean()) if st.out in stats.patterns.masks else 1.0
     )
     out_points = float(np.prod([ext[v] for v in st.out_vars])) * out_density
-    if st.reduce_vars:
-        tokens.append(("reducer", n + out_points, False, len(order)))
+    first = min((order.index(v) for v in st.reduce_vars), default=last)
+    final = values
+    if st.reduce_vars and all(order.index(v) >= len(st.out_vars) for v in st.reduce_vars):
+        for j in range(len(st.reduce_vars)):  # a reducer per trailing reduced level
+            sent = stops(last - j) + stops(last - j - 1) + 1
+            tokens.append(("reducer", final + stops(last - j - 1), False, last))
+            final = sent
+    elif st.reduce_vars:  # a sparse accumulator: the sums of each reduction, then a stop
+        tokens.append(("spacc", values, False, last))
+        final = out_points + stops(first + 1) + 1
     if st.epilogue:
-        tokens.append(("alu", out_points, False, len(order)))
-    tokens.append(("writer", out_points * 1.1, True, len(order)))
+        tokens.append(("alu", final, False, last))
+    tokens.append(("writer", final, True, last))
+    for k, v in enumerate(order):
+        if v in st.out_vars:
+            written = points[k + 1] + stops(k + 1) + 1 if k < first else final
+            tokens.append(("writer", written, True, last))
     return _Nest(points, tokens, out_points)
 
 
@@ -215,22 +251,22 @@ def estimate_region(
             tok *= replays[st.out]
             lanes = factor if depth >= lane_depth[st.out] else 1
             busiest = max(busiest, tok / lanes)
-            flops += tok if kind in ("alu", "reducer") else 0.0
+            flops += tok if kind in ("alu", "reducer", "spacc") else 0.0
             mem_tokens += tok if memory else 0.0
     memory_bytes = machine.word_bytes * mem_tokens
     mem = machine.memory
     memory_cycles = memory_bytes / mem.bytes_per_cycle if mem else 0.0
     stages: dict[str, int] = {}
-    for st in sts:
+    for st in sts:  # two per level, three for the values (see simulate.RegionResult)
         stages[st.out] = (
-            len(orders[st.out])
+            2 * len(orders[st.out])
             + 3
             + max((stages[o.tensor] for o in st.operands if o.tensor in names), default=0)
         )
     levels = 1 + max(
         (len(o.vars) for st in sts for o in st.operands if o.tensor not in names), default=0
     )
-    fill = 2 * machine.channel_latency_cycles * max(stages.values()) + (
+    fill = machine.channel_latency_cycles * max(stages.values()) + (
         mem.latency_cycles * levels if mem else 0
     )
     return max(busiest, memory_cycles) + fill, flops, memory_bytes

@@ -34,9 +34,13 @@ class PrimResult:
         statement: the statement it belongs to.
         name: its name within the statement.
         kind: its kind.
-        tokens: tokens over all lanes (= cycles busy on one lane when not replicated).
-        busy_cycles: cycles of its busiest lane.
+        tokens: tokens sent over all lanes, ``D`` included (a writer: tokens taken), as the
+            per-token machine counts them (:func:`fusekit.sparse.graph.run_statement`).
+        busy_cycles: cycles its busiest lane is occupied: it fires (one step per cycle: a token
+            sent, or one taken without sending, such as an intersecter's step past a
+            coordinate) or waits on a joiner above to close a fiber (:attr:`Prim.wait`).
         memory: whether its tokens are memory words.
+        firings: cycles it fires over all lanes.
     """
 
     statement: str
@@ -45,6 +49,7 @@ class PrimResult:
     tokens: float
     busy_cycles: float
     memory: bool
+    firings: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +58,18 @@ class RegionResult:
 
     The cycle model (:func:`region_cycles`)::
 
-        compute_cycles = max_p busy_p                       one token per primitive per cycle
+        compute_cycles = max_p busy_p (+ drain)             one token per primitive per cycle
         memory_cycles  = word_bytes * sum_{p reads/writes memory} tokens_p / bandwidth
-        fill_cycles    = 2 * depth + latency * memory_levels  (primitive + channel per stage)
+        fill_cycles    = latency * stages + memory_latency * memory_levels
         cycles         = max(compute_cycles, memory_cycles) + fill_cycles
+
+    ``busy_p`` counts the cycles primitive ``p`` fires and those it waits on an intersecter
+    above it; ``drain`` is what the sparse accumulator of the region's last statement still
+    sends after its input ends (:attr:`~fusekit.sparse.streams.Trace.drain_cycles`);
+    ``stages`` is the longest chain of primitives a token crosses, one channel each: two per
+    level (a scanner, then the joiner, locator or repeater feeding the next level's), three for
+    the values (array, ALU or reducer, writer), through every fused producer. Checked against
+    the per-token machine in ``tests/sparse/test_graph.py``.
     """
 
     statements: tuple[str, ...]
@@ -217,13 +230,35 @@ def simulate_region(
             if p.depth < prefix_depth[st.out]:
                 # a level the consumer binds: located once per context point, not scanned
                 per_lane = w[p.depth + 1].sum(axis=1)
+                idle = idle_wait = np.zeros(lanes)
             else:
-                per_lane = w[p.depth] @ p.counts if len(p.counts) else np.zeros(lanes)
-            tokens = float(per_lane.sum())
+                per_lane = _weigh(w, ((p.depth, p.counts), *p.extra), prefix_depth[st.out], lanes)
+                idle = _weigh(w, p.idle, prefix_depth[st.out], lanes)
+                idle_wait = idle + _weigh(w, p.wait, prefix_depth[st.out], lanes)
+            tokens, firings = float(per_lane.sum()), float((per_lane + idle).sum())
             on_lanes = p.depth >= replicated[st.out] and lanes > 1
-            busy = float(per_lane.max()) if on_lanes else tokens
-            prims.append(PrimResult(st.out, p.name, p.kind, tokens + 1.0, busy + 1.0, p.memory))
+            occupied = per_lane + (idle_wait if p.depth >= prefix_depth[st.out] else idle)
+            busy = float(occupied.max()) if on_lanes else float(occupied.sum())
+            prims.append(
+                PrimResult(
+                    st.out, p.name, p.kind, tokens + 1.0, busy + 1.0, p.memory, firings + 1.0
+                )
+            )
     return _region_cycles(statements, traces, prims, machine, names)
+
+
+def _weigh(
+    w: list[np.ndarray], terms: tuple[tuple[int, np.ndarray], ...], prefix: int, lanes: int
+) -> np.ndarray:
+    """Per lane, the tokens of per-point ``terms`` weighted by the points' replays.
+
+    Terms above the consumer's bound prefix are not streamed by a fused producer.
+    """
+    out = np.zeros(lanes)
+    for d, c in terms:
+        if d >= prefix and len(c):
+            out = out + w[d] @ c
+    return out
 
 
 def _fork_or_replay(
@@ -241,7 +276,7 @@ def _fork_or_replay(
         return per_consumer[0]
     total = np.sum(per_consumer, axis=0)
     most = np.max(per_consumer, axis=0)
-    writer = next(p for p in tr.prims if p.kind == "writer")
+    writer = next(p for p in tr.prims if p.name == f"write {tr.statement.out}")
     tokens = writer.counts
     g = max(b, min(g, writer.depth))
     for t in range(writer.depth, g, -1):
@@ -273,23 +308,36 @@ def _region_cycles(
     names: set[str],
 ) -> RegionResult:
     """The region's cycles: ``max(compute, memory) + fill`` (see :class:`RegionResult`)."""
-    compute_cycles = max((p.busy_cycles for p in prims), default=0.0)
+    # a sparse accumulator at the region's end sends its last results after its input ends
+    roots = {
+        st.out
+        for st in statements
+        if not any(st.out in (o.tensor for o in c.operands) for c in statements)
+    }
+    drain = max((traces[s].drain_cycles for s in roots), default=0.0)
+    compute_cycles = max(
+        (
+            p.busy_cycles + (0.0 if p.kind == "spacc" and p.statement in roots else drain)
+            for p in prims
+        ),
+        default=0.0,
+    )
     memory_bytes = machine.word_bytes * sum(p.tokens for p in prims if p.memory)
     mem = machine.memory
     memory_cycles = memory_bytes / mem.bytes_per_cycle if mem else 0.0
     depth: dict[str, int] = {}
     for st in statements:
-        own = len(traces[st.out].order) + 3
+        own = 2 * len(traces[st.out].order) + 3
         depth[st.out] = own + max(
             (depth[o.tensor] for o in st.operands if o.tensor in names), default=0
         )
     memory_levels = 1 + max(
         (len(o.vars) for st in statements for o in st.operands if o.tensor not in names), default=0
     )
-    fill_cycles = 2 * machine.channel_latency_cycles * max(depth.values()) + (
+    fill_cycles = machine.channel_latency_cycles * max(depth.values()) + (
         mem.latency_cycles * memory_levels if mem else 0
     )
-    flops = sum(p.tokens for p in prims if p.kind in _FLOP_KINDS)
+    flops = sum(p.firings for p in prims if p.kind in _FLOP_KINDS)
     return RegionResult(
         tuple(st.out for st in statements),
         tuple(prims),

@@ -11,16 +11,20 @@ in closed form, and their values are computed with ``einsum``. Values are read b
 (array), combined (ALU), reduced (reducer when the reduced variables are innermost, sparse
 accumulator otherwise) and written (level writers).
 
-Every primitive records the tokens it handles per point of one depth (:class:`Prim`); a region
-weights them by how often each point is replayed (:mod:`fusekit.sparse.simulate`). A primitive
-handles one token per cycle, so its busy time is its token count; streams carry one stop per
-fiber and the done token.
+Every primitive records the tokens it sends per point of one depth (:class:`Prim`); a region
+weights them by how often each point is replayed (:mod:`fusekit.sparse.simulate`). The counts are
+the per-token machine's, token for token (``tests/sparse/test_graph.py``): a stream carries its
+points, one stop per fiber, one stop per empty fiber above (a scanner forwards a stop that closes
+no fiber of its own) and the done token; a scanner given an absent reference (``N``) sends ``N``
+and then its stop. A primitive fires once per cycle: its busy time is its tokens plus the steps
+that send nothing (an intersecter's step past an unmatched coordinate, a unioner's skipped ``N``,
+a reducer's inputs, an accumulator's reads) and the cycles a level below an intersecter waits.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,18 +35,30 @@ from fusekit.sparse.program import BINARY, UNARY, Statement
 _CHUNK_ELEMENTS = 1 << 22
 
 
+Terms = tuple[tuple[int, np.ndarray], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Prim:
     """Token counts of one primitive, aligned to the points of one depth.
 
     Attributes:
         name: unique within the statement, e.g. ``"scan A.k"``.
-        kind: scanner, repeater, locator, iterator, intersecter, unioner, dropper, array,
-            alu, reducer, spacc, writer.
+        kind: scanner, repeater, locator, iterator, intersecter, unioner, array, alu,
+            reducer, spacc, writer.
         depth: the depth whose points ``counts`` is aligned to.
-        counts: tokens per point of that depth (to be weighted by each point's replays).
+        counts: tokens sent per point of that depth (a writer: tokens taken), to be weighted by
+            each point's replays.
         memory: whether each token is a word moved to or from memory.
         var: the index variable of the level, or ``None`` for value primitives.
+        extra: more tokens sent, as ``(depth, counts)`` pairs aligned to shallower depths: the
+            stops that empty fibers above ``depth`` pass down the stream (see :class:`_Counts`).
+        idle: cycles it fires without sending, as ``(depth, counts)`` pairs: an intersecter's
+            steps past unmatched coordinates, a unioner's skipped ``N``, a reducer's input
+            values.
+        wait: cycles it waits, as ``(depth, counts)`` pairs: below an intersecter, the level
+            under it and everything after wait where the intersecter steps past unmatched
+            coordinates and the level has nothing to do (see :func:`_stall`).
     """
 
     name: str
@@ -51,6 +67,9 @@ class Prim:
     counts: np.ndarray
     memory: bool
     var: str | None = None
+    extra: Terms = ()
+    idle: Terms = ()
+    wait: Terms = ()
 
 
 @dataclass(eq=False)
@@ -66,6 +85,8 @@ class Trace:
         value: the output tensor.
         out_depth: the depth each output point's representative belongs to (the last
             materialised one) and the index of that point, per output group.
+        tail: the variables of the regular tail (not materialised).
+        drain_cycles: the results a sparse accumulator still sends after its input ends.
     """
 
     statement: Statement
@@ -76,6 +97,7 @@ class Trace:
     value: SparseTensor
     group_point: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     tail: tuple[str, ...] = ()
+    drain_cycles: float = 0.0
 
     def weights(self, base_depth: int, base: np.ndarray) -> list[np.ndarray]:
         """Per-depth point weights (replays), given those of the points at ``base_depth``.
@@ -192,16 +214,15 @@ def evaluate(
     crds: list[dict[str, np.ndarray]] = [{}]
     parents: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     prims: list[Prim] = []
-    out_set = set(st.out_vars)
-    drops = {
-        v
-        for k, v in enumerate(order)
-        if v in out_set and any(len(sparse_at[u]) > 1 for u in order[k + 1 :])
-    }
     n = 1
+    dead: list[np.ndarray] = []  # per depth d: the points with no child at depth d + 1
+    gaps: dict[int, np.ndarray] = {}  # per depth: a joiner's steps to its next output
     for t, v in enumerate(order[:tail_start], start=1):
+        above = tuple(enumerate(dead))  # the stops of the empty fibers above this level
         levels_before = [o.level for o in ops]
-        owner, crd = _expand_level(st, v, ops, sparse_at[v], union, extents[v], n, prims, t)
+        owner, crd = _expand_level(
+            st, v, ops, sparse_at[v], union, extents[v], n, prims, t, above, gaps
+        )
         for o, before in zip(ops, levels_before, strict=True):
             if o.level == before and not o.is_located:
                 o.pos = o.pos[owner]
@@ -219,32 +240,177 @@ def evaluate(
                     _per_parent(owner, n),
                     False,
                     v,
+                    above,
                 )
             )
-        if v in drops:
-            prims.append(Prim(f"drop {v}", "dropper", t - 1, _per_parent(owner, n), False, v))
         crds.append(new_crds)
         parents.append(owner)
+        dead.append((np.bincount(owner, minlength=n) == 0).astype(np.float64))
         n = len(owner)
+    counts = _Counts(parents, dead, [extents[v] for v in order[tail_start:]])
     tail = order[tail_start:]
-    value, group_point = _values(
-        st, ops, tail, crds[-1], extents, n, prims, tail_start, order, parents
-    )
-    first_reduce = min((order.index(v) for v in st.reduce_vars), default=len(order))
-    for t, v in enumerate(order[:tail_start], start=1):
-        if v in st.out_vars and t - 1 < first_reduce:
-            n_parent = 1 if t == 1 else len(parents[t - 1])
-            prims.append(
-                Prim(
-                    f"write {st.out}.{v}",
-                    "writer",
-                    t - 1,
-                    _per_parent(parents[t], n_parent),
-                    True,
-                    v,
-                )
+    value, group_point, drain = _values(st, ops, tail, crds[-1], extents, n, prims, order, counts)
+    for t, steps in gaps.items():  # a level below a joiner waits on it, and it on that level
+        below = [p.counts for p in prims if p.depth == t and p.kind in _LEVEL_KINDS]
+        if not below or t >= len(parents):
+            continue
+        stall = _stall(steps, len(parents[t]), np.max(below, axis=0), parents[t])
+        if stall > 0:
+            wait = ((0, np.array([stall])),)
+            prims = [replace(p, wait=wait) if p.depth >= t else p for p in prims]
+    return Trace(st, order, crds, parents, prims, value, group_point, tail, drain)
+
+
+_LEVEL_KINDS = ("scanner", "iterator", "locator", "repeater")
+
+
+def _gaps(joined: np.ndarray, merged: np.ndarray, extent: int, n: int) -> np.ndarray:
+    """A joiner's steps before each output, in output order: its points, then its stops.
+
+    The joiner steps once per coordinate of the union of its inputs and once per stop; the
+    ``i``-th union coordinate of parent ``p`` is step ``i + p``, the stop of ``p`` step
+    ``#{union coordinates of parents <= p} + p``. Returns ``[steps before each output point,
+    steps before each stop]`` (an output's steps count from the previous output's).
+    """
+    owner = joined // extent
+    point_step = np.searchsorted(joined, merged) + merged // extent
+    stop_step = np.searchsorted(owner, np.arange(n), side="right") + np.arange(n)
+    steps = np.concatenate([point_step, stop_step])
+    order = np.argsort(steps, kind="stable")
+    before = np.empty(len(steps))
+    before[order] = np.diff(np.concatenate([[-1], steps[order]]))
+    return before
+
+
+def _stall(p_gaps: np.ndarray, n_points: int, work: np.ndarray, owner: np.ndarray) -> float:
+    """Cycles lost between a joiner and the level below it (a two-stage flow shop).
+
+    Item ``j`` (an output point, or a stop) takes ``a_j`` joiner steps, then ``b_j`` cycles of
+    the level below (its fiber: children and stop; a stop passes in none). In a pipeline the
+    pair ends at ``max_k (sum_{j<=k} a_j + sum_{j>=k} b_j)``; the loss is that less
+    ``max(sum a, sum b)``.
+    """
+    a_points, a_stops = p_gaps[:n_points], p_gaps[n_points:]
+    # items in stream order: each parent's points, then its stop
+    n = len(a_stops)
+    pos_points = np.arange(n_points) + owner
+    pos_stops = np.searchsorted(owner, np.arange(n), side="right") + np.arange(n)
+    a = np.zeros(n_points + n)
+    b = np.zeros(n_points + n)
+    a[pos_points], a[pos_stops] = a_points, a_stops
+    b[pos_points] = work
+    end = np.max(np.cumsum(a) + np.cumsum(b[::-1])[::-1], initial=0.0)
+    return float(end - max(a.sum(), b.sum()))
+
+
+class _Counts:
+    """Token counts of a statement's streams, as per-point terms of the depths they weigh on.
+
+    The stream at depth ``s`` (a level's coordinates or references, or the values at the
+    innermost depth ``T``) is the per-token machine's: its points, one stop per fiber, and one
+    stop per empty fiber above, which every scanner below forwards as ``S(k+1)``::
+
+        stream(s) = P_s + stops(s) (+ D)      stops(s) = P_{s-1} + sum_{d <= s-2} E_d
+
+    with ``P_s`` the points at depth ``s`` and ``E_d`` the points at depth ``d`` without a child
+    (dead ends). Depths past the materialised ``M`` are a regular tail of extents ``tail``.
+    """
+
+    def __init__(self, parents: list[np.ndarray], dead: list[np.ndarray], tail: list[int]):
+        self.parents = parents
+        self.dead = dead
+        self.tail = tail
+        self.m = len(parents) - 1
+        self.n_m = 1 if self.m == 0 else len(parents[self.m])
+
+    def _above(self, d: int) -> dict[int, np.ndarray]:
+        return {k: self.dead[k] for k in range(min(d, len(self.dead)))}
+
+    def points(self, s: int) -> dict[int, np.ndarray]:
+        """``P_s``, as children per point of depth ``s - 1`` (tail: per point of ``M``)."""
+        if s == 0:
+            return {}
+        if s > self.m:
+            return {self.m: np.full(self.n_m, float(np.prod(self.tail[: s - self.m])))}
+        n_parent = 1 if s == 1 else len(self.parents[s - 1])
+        return {s - 1: np.bincount(self.parents[s], minlength=n_parent).astype(np.float64)}
+
+    def stops(self, s: int) -> dict[int, np.ndarray]:
+        """The stops of the stream at depth ``s``: one per fiber, one per dead end above."""
+        if s == 0:
+            return {}
+        if s > self.m:
+            fibers = float(np.prod(self.tail[: s - self.m - 1]))
+            return _add({self.m: np.full(self.n_m, fibers)}, self._above(self.m))
+        n_parent = 1 if s == 1 else len(self.parents[s - 1])
+        return _add({s - 1: np.ones(n_parent)}, self._above(s - 1))
+
+    def stream(self, s: int) -> dict[int, np.ndarray]:
+        """Every token of the stream at depth ``s`` but its ``D``."""
+        return _add(self.points(s), self.stops(s))
+
+    def at(self, terms: dict[int, np.ndarray], g: int) -> np.ndarray:
+        """``terms`` summed per point of depth ``g`` (terms above ``g`` left out)."""
+        n_g = 1 if g == 0 else len(self.parents[g])
+        out = np.zeros(n_g)
+        for d, c in terms.items():
+            if d < g:
+                continue
+            anc = np.arange(len(c))
+            for k in range(d, g, -1):
+                anc = self.parents[k][anc]
+            out += np.bincount(anc, weights=c, minlength=n_g)
+        return out
+
+    def backlog(self, g: int, taken: dict[int, np.ndarray], sent: dict[int, np.ndarray]) -> float:
+        """Tokens an accumulator still holds when its input ends.
+
+        It takes a token per cycle and sends one per cycle meanwhile; the results of a reduction
+        (a point of depth ``g``) queue when its input ends. With ``in_r`` and ``out_r`` the tokens
+        taken and sent per reduction, the queue after the last one is (Lindley's recursion)::
+
+            q = out_last + max(0, max_k sum_{r >= k} (out_{r-1} - in_r))
+        """
+        if g >= self.m:  # reductions inside the regular tail: the last one's results
+            per = self.at(sent, self.m)
+            return (
+                float(per[-1] / max(float(np.prod(self.tail[: g - self.m])), 1.0))
+                if len(per)
+                else 0.0
             )
-    return Trace(st, order, crds, parents, prims, value, group_point, tail)
+        t_in, t_out = self.at(taken, g), self.at(sent, g)
+        if not len(t_out):
+            return 0.0
+        steps = t_out[:-1] - t_in[1:]
+        waiting = float(np.max(np.cumsum(steps[::-1]), initial=0.0))
+        return float(t_out[-1]) + waiting
+
+
+def _add(*terms: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    out: dict[int, np.ndarray] = {}
+    for t in terms:
+        for d, c in t.items():
+            out[d] = out[d] + c if d in out else c
+    return out
+
+
+def _sub(a: dict[int, np.ndarray], b: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    return _add(a, {d: -c for d, c in b.items()})
+
+
+def _prim(
+    name: str,
+    kind: str,
+    sent: dict[int, np.ndarray],
+    memory: bool,
+    var: str | None = None,
+    idle: dict[int, np.ndarray] | None = None,
+) -> Prim:
+    """A primitive sending ``sent`` (its deepest term is its depth) and idling ``idle``."""
+    depth = max(sent)
+    extra = tuple((d, c) for d, c in sorted(sent.items()) if d != depth)
+    idle_terms = tuple(sorted((idle or {}).items()))
+    return Prim(name, kind, depth, sent[depth], memory, var, extra, idle_terms)
 
 
 def _level_is_sparse(o: _Operand, v: str) -> bool:
@@ -268,31 +434,39 @@ def _expand_level(
     n: int,
     prims: list[Prim],
     t: int,
+    above: Terms,
+    gaps: dict[int, np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Expand every point's fiber at variable ``v``; update the operands' references."""
+    """Expand every point's fiber at variable ``v``; update the operands' references.
+
+    ``above``: the stops of empty fibers above the level, which every stream of it carries;
+    ``gaps`` receives a joiner's steps from each output to the next (see :func:`_gaps`).
+    A scanner given an absent reference (``N``: a unioner's missing side) sends ``N`` and the
+    closing stop; the unioner skips that ``N`` in a cycle of its own.
+    """
     fibers = []
+    absent = np.zeros(n)
     for o in scanners:
         level = o.next_level()
         assert level is not None
         valid = o.pos >= 0
-        owner, crd, pos = level.fibers(np.where(valid, o.pos, 0))
-        keep = valid[owner]
-        owner, crd, pos = owner[keep], crd[keep], pos[keep]
+        present = np.flatnonzero(valid)
+        owner, crd, pos = level.fibers(o.pos[present])
+        owner = present[owner]
         fibers.append((owner, crd, pos))
-        prims.append(
-            Prim(f"scan {o.name}.{v}", "scanner", t - 1, _per_parent(owner, n), o.stored, v)
-        )
+        absent += ~valid
+        sent = _per_parent(owner, n) + ~valid
+        prims.append(Prim(f"scan {o.name}.{v}", "scanner", t - 1, sent, o.stored, v, above))
     if not fibers:
         owner = np.repeat(np.arange(n, dtype=np.int64), extent)
         crd = np.tile(np.arange(extent, dtype=np.int64), n)
-        prims.append(Prim(f"iterate {v}", "iterator", t - 1, _per_parent(owner, n), False, v))
+        per = _per_parent(owner, n)
+        prims.append(Prim(f"iterate {v}", "iterator", t - 1, per, False, v, above))
         for o in ops:
             if not o.is_located and o.level < len(o.level_vars) and o.level_vars[o.level] == v:
                 o.pos = np.where(o.pos[owner] >= 0, o.pos[owner] * extent + crd, -1)
                 o.level += 1
-                prims.append(
-                    Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v)
-                )
+                prims.append(Prim(f"locate {o.name}.{v}", "locator", t - 1, per, False, v, above))
         return owner, crd
     keys = [f[0] * extent + f[1] for f in fibers]
     merged = keys[0]
@@ -304,7 +478,10 @@ def _expand_level(
             for k in keys[1:]:
                 merged = np.intersect1d(merged, k, assume_unique=True)
         kind = "unioner" if union else "intersecter"
-        prims.append(Prim(f"{kind} {v}", kind, t - 1, _per_parent(joined // extent, n), False, v))
+        gaps[t] = _gaps(joined, merged, extent, n)
+        sent = _per_parent(merged // extent, n)
+        steps = np.bincount(joined // extent, minlength=n) - (sent - 1.0) + absent
+        prims.append(Prim(f"{kind} {v}", kind, t - 1, sent, False, v, above, ((t - 1, steps),)))
     owner, crd = merged // extent, merged % extent
     for o, k, f in zip(scanners, keys, fibers, strict=True):
         at = np.searchsorted(k, merged)
@@ -322,20 +499,11 @@ def _expand_level(
             continue
         level = o.next_level()
         assert level is not None
-        prims.append(
-            Prim(f"locate {o.name}.{v}", "locator", t - 1, _per_parent(owner, n), False, v)
-        )
+        per = _per_parent(owner, n)
+        prims.append(Prim(f"locate {o.name}.{v}", "locator", t - 1, per, False, v, above))
         o.pos = np.where(o.pos[owner] >= 0, o.pos[owner] * level.size + crd, -1)
         o.level += 1
     return owner, crd
-
-
-def _tail_counts(tail_ext: list[int]) -> float:
-    """Tokens of the innermost stream of a regular tail: elements plus one stop per fiber."""
-    if not tail_ext:
-        return 1.0
-    inner = float(np.prod(tail_ext))
-    return inner + inner / tail_ext[-1]
 
 
 def _operand_block(
@@ -369,6 +537,8 @@ def _operand_block(
             )
         )
     block = int(np.prod(sizes)) if sizes else 1
+    if not len(o.tensor.values):  # nothing stored: every reference is absent
+        return np.zeros(shape)
     pos = o.pos[points]
     flat = np.where(pos[:, None] >= 0, pos[:, None] * block + np.arange(block), 0)
     vals = np.where(pos[:, None] >= 0, o.tensor.values[flat], 0.0)
@@ -383,44 +553,42 @@ def _values(
     extents: dict[str, int],
     n: int,
     prims: list[Prim],
-    depth: int,
     order: tuple[str, ...],
-    parents: list[np.ndarray],
-) -> tuple[SparseTensor, np.ndarray]:
+    counts: _Counts,
+) -> tuple[SparseTensor, np.ndarray, float]:
     """Read, combine, reduce and write the values; record the value primitives.
 
-    Value streams carry the innermost level's stops: with a regular tail they are counted per
-    point in closed form, otherwise per parent fiber (its children plus one stop).
+    The streams of the tail's levels and the values are counted by :class:`_Counts`; the
+    reduction is the per-token machine's: a reducer per trailing reduced level sends a value at
+    every stop of its input and the stops one level up (``S(k>=1)`` becomes value, ``S(k-1)``);
+    a sparse accumulator (a reduced level with output levels inside it) sends the output
+    coordinates of each reduction and one stop per reduction.
     """
-    tail_ext = [extents[v] for v in tail]
-    if tail_ext or depth == 0:
-        vdepth, inner = depth, np.full(n, _tail_counts(tail_ext))
-    else:
-        vdepth = depth - 1
-        inner = _per_parent(parents[depth], 1 if depth == 1 else len(parents[depth - 1]))
+    depth = counts.m
+    last = len(order)
+    values = counts.stream(last)
     for k, v in enumerate(tail):
-        per = _tail_counts(tail_ext[: k + 1])
+        stream = counts.stream(depth + k + 1)
         for o in ops:
             kind = "locate" if v in o.vars else "repeat"
             prims.append(
-                Prim(
+                _prim(
                     f"{kind} {o.name}.{v}",
                     "locator" if v in o.vars else "repeater",
-                    depth,
-                    np.full(n, per),
+                    stream,
                     False,
                     v,
                 )
             )
-        prims.append(Prim(f"iterate {v}", "iterator", depth, np.full(n, per), False, v))
+        prims.append(_prim(f"iterate {v}", "iterator", stream, False, v))
     for o in ops:
-        prims.append(Prim(f"array {o.name}", "array", vdepth, inner, o.stored))
+        prims.append(_prim(f"array {o.name}", "array", values, o.stored))
     for k in range(len(ops) - 1):
-        prims.append(Prim(f"alu {st.combine} {k}", "alu", vdepth, inner, False))
+        prims.append(_prim(f"alu {st.combine} {k}", "alu", values, False))
     tail_red = [v for v in tail if v not in st.out_vars]
     head_out = [v for v in order[: len(order) - len(tail)] if v in st.out_vars]
     tail_out = [v for v in tail if v in st.out_vars]
-    per_point = int(np.prod(tail_ext)) if tail_ext else 1
+    per_point = int(np.prod(counts.tail)) if tail else 1
     chunk = max(1, _CHUNK_ELEMENTS // max(per_point, 1))
     out_tail_shape = [extents[v] for v in tail_out]
     head_red = [v for v in order[: len(order) - len(tail)] if v not in st.out_vars]
@@ -457,23 +625,39 @@ def _values(
     n_out = np.bincount(group_point, minlength=n).astype(np.float64) * (
         np.prod(out_tail_shape) if out_tail_shape else 1
     )
-    if st.reduce_vars:
-        kind = "reducer" if trailing else "spacc"
-        prims.append(Prim(f"{kind} {st.reduce}", kind, vdepth, inner, False))
-    if st.epilogue and not st.reduce_vars:  # a map: the epilogue sees the value stream
-        prims.append(Prim(f"alu {st.epilogue}", "alu", vdepth, inner, False))
-    elif st.epilogue:
-        prims.append(Prim(f"alu {st.epilogue}", "alu", depth, n_out, False))
-    if st.epilogue:
+    n_out_terms = {depth: n_out}
+    final, drain = values, 0.0
+    first_reduce = min((order.index(v) for v in st.reduce_vars), default=last)
+    if st.reduce_vars and trailing:  # one reducer per reduced level, innermost first
+        for j in range(len(st.reduce_vars)):
+            sent = _add(counts.stops(last - j), counts.stops(last - j - 1))
+            name = f"reducer {st.reduce}" + (f" {j}" if j else "")
+            prims.append(
+                _prim(name, "reducer", sent, False, None, _sub(final, counts.stops(last - j)))
+            )
+            final = sent
+    elif st.reduce_vars:
+        final = _add(n_out_terms, counts.stops(first_reduce + 1))
+        # it reads a value per cycle and drains the previous reduction's sums meanwhile; the
+        # last reduction's drain follows the end of its input
+        drain = counts.backlog(first_reduce, values, final)
+        idle = _add(_sub(values, final), {0: np.array([drain])})
+        prims.append(_prim(f"spacc {st.reduce}", "spacc", final, False, None, idle))
+    if st.epilogue:  # on the value stream of a map, on the reduced stream otherwise
+        prims.append(_prim(f"alu {st.epilogue}", "alu", final, False))
         grouped = UNARY[st.epilogue](grouped)
-    prims.append(Prim(f"write {st.out}", "writer", depth, n_out, True))
+    prims.append(_prim(f"write {st.out}", "writer", final, True))
+    for k, v in enumerate(order):
+        if v in st.out_vars:
+            written = counts.stream(k + 1) if k < first_reduce else final
+            prims.append(_prim(f"write {st.out}.{v}", "writer", written, True, v))
     coords_head = (
         np.stack(np.unravel_index(uniq, tuple(extents[v] for v in head_out)), axis=1)
         if head_out
         else np.zeros((len(uniq), 0), np.int64)
     )
     value = _build_output(st, head_out, tail_out, coords_head, grouped, extents)
-    return value, group_point
+    return value, group_point, drain
 
 
 def _combine_tail(
