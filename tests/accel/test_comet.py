@@ -178,3 +178,22 @@ def test_each_deviation_switches_off_alone():
         assert out["total_energy_pj"] == comet["total_energy_pj"], name
     with pytest.raises(ValueError, match="'name'"):
         Compat().without("no_such_quirk")
+
+
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+def test_presets_carry_comets_arch_files(hw):
+    from fusekit.accel.comet.files import read_arch
+    from fusekit.hw import load
+    from fusekit.hw.cpu_gpu import plain
+
+    ship = "arch.yaml" if hw == "edge" else "arch_cloud.yaml"
+    doc = __import__("yaml").safe_load(
+        (ORACLE / "shipped_inputs/iterative_mapper" / ship).read_text()
+    )
+    preset = read_arch(plain(load(hw).comet_arch), hw)
+    assert preset == read_arch(doc, ship)  # every level, spec figure, instance count and network
+    cases = [
+        c for c in ROWS if c.startswith((f"im_{hw}_", f"au_{hw}_")) and ROWS[c]["status"] == "ok"
+    ]
+    for case in cases:  # the same numbers on the preset as on the run's arch.yaml
+        assert evaluate(ORACLE / "cases" / case, hw=hw) == evaluate(ORACLE / "cases" / case)

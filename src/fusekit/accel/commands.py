@@ -197,6 +197,10 @@ def comet(
     native: Annotated[
         bool, typer.Option("--native", help="Generalised model: COMET's defects switched off.")
     ] = False,
+    hw: Annotated[
+        str | None,
+        typer.Option(help="Accelerator preset whose comet_arch replaces the run's arch.yaml."),
+    ] = None,
     json: JsonOption = False,
 ) -> None:
     """Evaluate a COMET run from its own four input files, as the COMET binary does.
@@ -206,7 +210,7 @@ def comet(
     """
     from fusekit.accel.comet import evaluate
 
-    out = evaluate(case_dir, compat=not native)
+    out = evaluate(case_dir, compat=not native, hw=hw)
     if json:
         print_json(out)
         return

@@ -44,6 +44,7 @@ from fusekit.accel.model import (
 )
 from fusekit.accel.problem import Problem, make_problem
 from fusekit.hw import Accelerator
+from fusekit.hw.cpu_gpu import plain
 from fusekit.search import Executor, SerialExecutor
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,10 @@ def _problem(spec: ProblemSpec) -> Problem:
 def picklable(hw: Accelerator) -> Accelerator:
     """``hw`` with plain-dict tables, so that it can be sent to worker processes."""
     return dataclasses.replace(
-        hw, simd_op_pj=dict(hw.simd_op_pj), simd_op_cycles=dict(hw.simd_op_cycles)
+        hw,
+        simd_op_pj=dict(hw.simd_op_pj),
+        simd_op_cycles=dict(hw.simd_op_cycles),
+        comet_arch=plain(hw.comet_arch) if hw.comet_arch is not None else None,
     )
 
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fusekit.hw.cpu_gpu import plain
@@ -102,6 +102,10 @@ class Accelerator:
         simd_op_pj: energy of one SIMD lane-op, by op name.
         simd_op_cycles: cycles of one SIMD op over ``simd_width`` lanes, by op name (row
             reductions are derived, see :meth:`simd_cycles`).
+        comet_arch: COMET's own description of the accelerator, as its arch file spells it
+            (``ComputeTiles``, ``MemoryTypes``, ``Hierarchy``: a two-level spatial hierarchy,
+            energies per ``width``-byte block, bandwidths in bytes per cycle), or ``None``;
+            :mod:`fusekit.accel.comet` evaluates COMET mappings on it.
     """
 
     name: str
@@ -118,6 +122,7 @@ class Accelerator:
     mac_pj: float
     simd_op_pj: Mapping[str, float]
     simd_op_cycles: Mapping[str, int]
+    comet_arch: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def kind(self) -> Literal["accelerator"]:

@@ -184,6 +184,7 @@ class AcceleratorSchema(_Schema):
     network: _NetworkSchema
     energy_pj: _EnergySchema
     simd_cycles: dict[str, PositiveInt] = Field(min_length=1)
+    comet_arch: dict[str, Any] | None = None
 
     def build(self) -> Accelerator:
         """The frozen dataclass."""
@@ -222,6 +223,7 @@ class AcceleratorSchema(_Schema):
             mac_pj=self.energy_pj.mac,
             simd_op_pj=MappingProxyType(dict(self.energy_pj.simd)),
             simd_op_cycles=MappingProxyType(dict(self.simd_cycles)),
+            comet_arch=MappingProxyType(self.comet_arch) if self.comet_arch else None,
         )
 
 

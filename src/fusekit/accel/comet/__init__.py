@@ -37,7 +37,10 @@ __all__ = [
 
 
 def evaluate(
-    case_dir: str | Path, calc_noc_energy: bool | None = None, compat: bool | Compat = True
+    case_dir: str | Path,
+    calc_noc_energy: bool | None = None,
+    compat: bool | Compat = True,
+    hw: str | None = None,
 ) -> dict[str, object]:
     """Evaluate one COMET run from its four input files.
 
@@ -47,6 +50,8 @@ def evaluate(
             unless the folder's ``command.txt`` shows a run without it.
         compat: which of COMET's defects to reproduce (:class:`Compat`, named in
             :data:`DEVIATIONS`): ``True`` all (the binary), ``False`` none (the native model).
+        hw: an accelerator preset (``edge``, ``cloud``) whose ``comet_arch`` replaces the run's
+            ``arch.yaml``; ``None`` reads ``arch.yaml``.
 
     Returns:
         ``total_cycles``, ``total_energy_pj``, ``cycles`` (unit -> CS/OS/TMW parts and total),
@@ -64,7 +69,18 @@ def evaluate(
         calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()
     if isinstance(compat, bool):
         compat = Compat() if compat else Compat.native()
-    inp = read_case(d)
+    arch_doc = None
+    if hw is not None:
+        from fusekit.hw import Accelerator, load
+        from fusekit.hw.cpu_gpu import plain
+
+        target = load(hw)
+        if not isinstance(target, Accelerator) or target.comet_arch is None:
+            raise ValueError(
+                f"comet: expected 'hw' to be an accelerator with comet_arch (got {hw})"
+            )
+        arch_doc = plain(target.comet_arch)
+    inp = read_case(d, arch_doc)
     try:
         return analyse(inp, calc_noc=calc_noc_energy, compat=compat)
     except (CometFitError, CometInputError):

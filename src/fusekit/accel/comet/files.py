@@ -351,15 +351,26 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def read_case(case_dir: str | Path) -> TreeMapping:
-    """Read ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and ``constants.yaml`` of a run."""
+def read_case(case_dir: str | Path, arch_doc: dict[str, Any] | None = None) -> TreeMapping:
+    """Read ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and ``constants.yaml`` of a run.
+
+    Args:
+        case_dir: the run's folder.
+        arch_doc: an arch description to use instead of the folder's ``arch.yaml`` (a preset's
+            ``comet_arch``).
+    """
     d = Path(case_dir)
-    files = {k: d / f"{k}.yaml" for k in ("arch", "problem", "mapping", "constants")}
+    names = ("problem", "mapping", "constants") if arch_doc is not None else (
+        "arch", "problem", "mapping", "constants")  # fmt: skip
+    files = {k: d / f"{k}.yaml" for k in names}
     docs = {k: _load(p) for k, p in files.items()}
     const = docs["constants"].get("const")
     if not isinstance(const, dict):
         raise CometInputError(str(files["constants"]), "const", "expected a 'const' mapping")
-    arch = read_arch(docs["arch"], str(files["arch"]))
+    if arch_doc is None:
+        arch = read_arch(docs["arch"], str(files["arch"]))
+    else:
+        arch = read_arch(arch_doc, "comet_arch")
     prob = read_problem(docs["problem"], const, str(files["problem"]))
     root = read_mapping(docs["mapping"], prob, arch, const, str(files["mapping"]))
     return TreeMapping(arch, prob, root, const, str(files["mapping"]))
