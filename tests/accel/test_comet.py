@@ -197,3 +197,30 @@ def test_presets_carry_comets_arch_files(hw):
     ]
     for case in cases:  # the same numbers on the preset as on the run's arch.yaml
         assert evaluate(ORACLE / "cases" / case, hw=hw) == evaluate(ORACLE / "cases" / case)
+
+
+@pytest.mark.parametrize(
+    ("hw", "case", "dims"),
+    [
+        ("edge", "im_edge_gemm_softmax_fused_M1_N1024_K128_ok0", (1, 1024, 128)),
+        ("cloud", "im_cloud_gemm_softmax_fused_M1_N4096_K512_ok0", (1, 4096, 512)),
+    ],
+)
+def test_comet_space_beats_the_shared_tilings_and_writes_the_mapping(tmp_path, hw, case, dims):
+    from fusekit.accel.comet.space import Space, arch_constraints, read_constraints
+
+    sp = Space(ORACLE / "cases" / case)
+    ship = "constraints.yaml" if hw == "edge" else "constraints_cloud.yaml"
+    fixed = read_constraints(ORACLE / "shipped_inputs/iterative_mapper" / ship)
+    ours = arch_constraints(sp.arch)
+    assert {d: fixed[d] for d in ours} == ours  # the shipped constraints, read off the arch
+    m, n, k = dims
+    result = sp.search({"M": m, "N": n, "K": k})
+    shape = f"_M{m}_N{n}_K{k}_"
+    shared = [int(r["total_cycles"]) for c, r in ROWS.items()
+              if c.startswith(f"im_{hw}_") and shape in c and r["status"] == "ok"]  # fmt: skip
+    assert shared and result.best.total_cycles <= min(shared)
+    assert result.sample_median_cycles >= result.best.total_cycles
+    out = sp.write(tmp_path / "best", result.best.tiling, {"M": m, "N": n, "K": k}, hw)
+    assert evaluate(out)["total_cycles"] == result.best.total_cycles  # COMET's four files
+    assert (out / "fusekit.yaml").exists()

@@ -506,6 +506,7 @@ class SteadyState:
         self.accesses: dict[int, list[Access]] = {}
         self.col_energy: dict[int, tuple[float, float]] = {}  # memory pJ, network pJ
         self.by_id: dict[int, TreeNode] = {}
+        self._transfers: dict[tuple[int, int, int, int, int], tuple[int, int, float]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -524,6 +525,14 @@ class SteadyState:
 
     def transfer(self, node: TreeNode, t: int, mv: Move) -> tuple[int, int, float]:
         """Memory cycles, network cycles and router energy of one iteration's transfer."""
+        key = (node.id, t, mv.tile, mv.unique, mv.count)
+        hit = self._transfers.get(key)
+        if hit is None:
+            hit = self._transfer(node, t, mv)
+            self._transfers[key] = hit
+        return hit
+
+    def _transfer(self, node: TreeNode, t: int, mv: Move) -> tuple[int, int, float]:
         nest = self.nests.tiles[node.id]
         target = self.arch.levels[node.targets[t]]
         child = self.arch.levels[node.childs[t]]

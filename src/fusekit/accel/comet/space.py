@@ -1,0 +1,205 @@
+"""COMET's mapping space: the 8-level tilings its generator enumerates, scored by the tree model.
+
+A tiling gives each dimension a factor at each of 8 levels (DRAM temporal, DRAM spatial X/Y, GB
+temporal, GB spatial X/Y, core temporal, compute tile) whose product is the dimension; a
+constraints file fixes some of them (COMET's ``constraints*.yaml``: ``target``, ``type``, one
+``factors`` line, or two for the spatial X and Y levels). Without a file the constraints are the
+shipped ones, read off the hierarchy: N split over the global buffers (DRAM spatial) and over
+the cores under each (GB spatial), M and K never split spatially, N and K whole at the DRAM and
+GB temporal levels. Each tiling becomes the ``constants`` COMET's generator writes for its
+mapping template (``M_SE = M_core M_compute``, ``red_factor = M_compute``, ...), and the run is
+evaluated by the tree model (:mod:`fusekit.accel.tree_model`): the fit check first, then cycles
+and energy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fusekit.accel.comet.files import _load, read_arch, read_mapping, read_problem
+from fusekit.accel.compat import Compat
+from fusekit.accel.tree import Hierarchy, TreeMapping
+from fusekit.accel.tree_model import FitError, analyse
+
+LEVELS = ("DRAM_temporal", "DRAM_spatial_X", "DRAM_spatial_Y", "GB_temporal", "GB_spatial_X",
+          "GB_spatial_Y", "Core_temporal", "Compute")  # fmt: skip
+
+Tiling = dict[str, tuple[int, ...]]
+
+
+def read_constraints(path: str | Path) -> dict[str, dict[int, int]]:
+    """Fixed factors (dim -> level index -> factor) of a COMET constraints file."""
+    doc = _load(Path(path))
+    out: dict[str, dict[int, int]] = {}
+    for entry in doc.get("mapping_constraints") or []:
+        lines = entry["factors"]
+        for i, line in enumerate(lines):
+            name = f"{entry['target']}_{entry['type']}"
+            if len(lines) > 1:
+                name += "_X" if i == 0 else "_Y"
+            level = LEVELS.index(name)
+            for item in str(line).split():
+                dim, value = item.split("=")
+                out.setdefault(dim, {})[level] = int(value)
+    return out
+
+
+def arch_constraints(arch: Hierarchy) -> dict[str, dict[int, int]]:
+    """The shipped constraints, read off the hierarchy (see the module docstring)."""
+    gb = next(lv for lv in arch.levels.values() if lv.name == "GB")
+    core = next(lv for lv in arch.levels.values() if lv.name == "IB")
+    net_gb = arch.levels["DRAM"].child_nets["GB"]
+    net_core = gb.child_nets["IB"]
+    del core
+    return {
+        "N": {0: 1, 1: net_gb.dims[0], 2: net_gb.dims[1], 3: 1, 4: net_core.dims[0],
+              5: net_core.dims[1]},
+        "M": {1: 1, 2: 1, 4: 1, 5: 1},
+        "K": {0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1},
+    }  # fmt: skip
+
+
+def factor_sets(n: int, fixed: dict[int, int]) -> list[tuple[int, ...]]:
+    """Every 8-level factor tuple of ``n`` with the ``fixed`` levels' factors."""
+    rest = n
+    for v in fixed.values():
+        if rest % v:
+            return []
+        rest //= v
+    free = [i for i in range(len(LEVELS)) if i not in fixed]
+    divisors = [d for d in range(1, rest + 1) if rest % d == 0]
+    out = []
+    for combo in itertools.product(divisors, repeat=len(free)):
+        if math.prod(combo) == rest:
+            t = [fixed.get(i, 0) for i in range(len(LEVELS))]
+            for i, v in zip(free, combo, strict=True):
+                t[i] = v
+            out.append(tuple(t))
+    return out
+
+
+def constants(tiling: Tiling, dims: dict[str, int]) -> dict[str, Any]:
+    """The constants COMET's generator writes for a tiling of the shipped mapping template."""
+    m, n, k = tiling["M"], tiling["N"], tiling["K"]
+    return {
+        **dims,
+        "M_A_DRAM_temporal": m[0], "M_H_DRAM_temporal": m[0],
+        "N_DRAM_spatial_X": n[1], "N_DRAM_spatial_Y": n[2],
+        "K_A_GB_temporal": k[3], "M_A_GB_temporal": m[3], "M_D_GB_temporal": m[3],
+        "M_F_GB_temporal": m[3], "M_H_GB_temporal": m[3], "N_A_GB_temporal": n[3],
+        "N_GB_spatial_X": n[4], "N_GB_spatial_Y": n[5],
+        "M_Core_temporal": m[6], "N_Core_temporal": n[6], "K_Core_temporal": k[6],
+        "M_Compute": m[7], "N_Compute": n[7], "K_Compute": k[7],
+        "M_SE": m[6] * m[7], "N_SE": n[6], "K_SE": 1, "M_SM": 1, "N_SM": n[7],
+        "K_SM": dims["K"], "red_dim_simd": "K", "red_dim_simd_val": dims["K"],
+        "red_dim": "M", "red_factor": m[7],
+    }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One tiling and its evaluation (``None`` when the fit check rejects it)."""
+
+    tiling: Tiling
+    total_cycles: int | None
+    total_energy_pj: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceResult:
+    """The search: every tiling scored, the best, and the median of a seeded sample."""
+
+    scored: tuple[Scored, ...]
+    best: Scored
+    sample_median_cycles: float
+    sample_size: int
+
+
+def label(tiling: Tiling) -> str:
+    """COMET's oracle spelling: ``M=1x1x1x8x1x1x4x8 N=... K=...``."""
+    return " ".join(f"{d}={'x'.join(map(str, tiling[d]))}" for d in ("M", "N", "K"))
+
+
+class Space:
+    """A mapping template (arch, problem, mapping files) whose tilings are searched."""
+
+    def __init__(self, template: str | Path, arch_doc: dict[str, Any] | None = None) -> None:
+        d = Path(template)
+        self.arch_doc = arch_doc if arch_doc is not None else _load(d / "arch.yaml")
+        self.problem_doc = _load(d / "problem.yaml")
+        self.mapping_doc = _load(d / "mapping.yaml")
+        self.arch = read_arch(self.arch_doc, "arch")
+        self.mapping_file = str(d / "mapping.yaml")
+
+    def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
+        """The tree of one tiling."""
+        const = constants(tiling, dims)
+        prob = read_problem(self.problem_doc, const, "problem.yaml")
+        root = read_mapping(self.mapping_doc, prob, self.arch, const, "mapping.yaml")
+        return TreeMapping(self.arch, prob, root, const, self.mapping_file)
+
+    def tilings(self, dims: dict[str, int], fixed: dict[str, dict[int, int]]) -> list[Tiling]:
+        """Every tiling of ``dims`` under the constraints ``fixed``."""
+        sets = {d: factor_sets(v, fixed.get(d, {})) for d, v in dims.items()}
+        return [dict(zip(sets, combo, strict=True)) for combo in itertools.product(*sets.values())]
+
+    def score(self, tiling: Tiling, dims: dict[str, int], compat: Compat) -> Scored:
+        """Fit check, then cycles and energy."""
+        try:
+            out = analyse(self.inputs(tiling, dims), calc_noc=True, compat=compat)
+        except FitError:
+            return Scored(tiling, None, None)
+        return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))  # type: ignore[call-overload]
+
+    def search(
+        self,
+        dims: dict[str, int],
+        fixed: dict[str, dict[int, int]] | None = None,
+        sample: int = 6,
+        seed: int = 0,
+        compat: Compat | None = None,
+    ) -> SpaceResult:
+        """Score every tiling; the median of ``sample`` seeded picks stands for COMET's sampler.
+
+        Raises:
+            ValueError: no tiling passes the fit check.
+        """
+        compat = compat or Compat()
+        fixed = fixed if fixed is not None else arch_constraints(self.arch)
+        scored = tuple(self.score(t, dims, compat) for t in self.tilings(dims, fixed))
+        ok = [s for s in scored if s.total_cycles is not None]
+        if not ok:
+            raise ValueError(f"comet space: no tiling of {dims} passes the fit check")
+        best = min(ok, key=lambda s: (s.total_cycles, s.total_energy_pj))
+        picks = random.Random(seed).sample(ok, min(sample, len(ok)))
+        median = statistics.median(s.total_cycles for s in picks)  # type: ignore[misc]
+        return SpaceResult(scored, best, float(median), len(picks))
+
+    def write(self, out_dir: str | Path, tiling: Tiling, dims: dict[str, int], hw: str) -> Path:
+        """Write the tiling as COMET's four files and as fusekit's ``fusekit.yaml``."""
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        dump = {"sort_keys": False, "default_flow_style": None, "width": 100}
+        (d / "arch.yaml").write_text(yaml.safe_dump(self.arch_doc, **dump))
+        (d / "problem.yaml").write_text(yaml.safe_dump(self.problem_doc, **dump))
+        (d / "mapping.yaml").write_text(yaml.safe_dump(self.mapping_doc, **dump))
+        const = constants(tiling, dims)
+        (d / "constants.yaml").write_text(yaml.safe_dump({"const": const}, sort_keys=False))
+        own = {
+            "space": "comet",
+            "hw": hw,
+            "extents": dims,
+            "levels": list(LEVELS),
+            "tiling": {k: list(v) for k, v in tiling.items()},
+            "label": label(tiling),
+        }
+        (d / "fusekit.yaml").write_text(yaml.safe_dump(own, **dump))
+        return d
