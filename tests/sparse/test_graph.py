@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st_
 
-from fusekit.sparse.formats import LevelKind, SparseTensor, from_coords, from_dense, from_scipy
+from fusekit.sparse.formats import SparseTensor, from_coords, from_dense, from_scipy
 from fusekit.sparse.graph import run_statement
 from fusekit.sparse.machine import Machine
 from fusekit.sparse.program import Operand, Program, Statement, reference
@@ -102,31 +102,43 @@ def test_fast_simulator_matches_reference_machine(
     assert fast.cycles == pytest.approx(tokens.cycles, rel=0.1)
 
 
+def test_union_joins_a_dense_level_of_a_sparse_operand() -> None:
+    # A keeps rows 0 and 2 (DCSR: compressed rows), A2 every row but 1 (CSR: a dense row
+    # level); a located row level would lose A2's row 3, and A's absent rows would reach it
+    # as N. Both machines join the dense level instead, and equal the reference.
+    a = np.zeros((4, 5))
+    a[0, [1, 3]], a[2, 0] = 1.0, 2.0
+    a2 = np.zeros((4, 5))
+    a2[0, 3], a2[2, 0], a2[2, 4], a2[3, 2] = 3.0, 4.0, 5.0, 6.0
+    inputs = {
+        "A": from_scipy("A", sp.csr_matrix(a), "dcsr"),
+        "A2": from_scipy("A2", sp.csr_matrix(a2), "csr"),
+    }
+    st = Statement("C", ("i", "k"), (Operand("A", ("i", "k")), Operand("A2", ("i", "k"))), "add")
+    tokens, _, out = assert_counts_equal(st, ("i", "k"), inputs)
+    np.testing.assert_allclose(out.to_dense(), a + a2)
+    assert sorted(tokens.values) == sorted((a + a2)[(a + a2) != 0].tolist())
+    # 3-D: A's k level dense under a compressed j, B's compressed; j=0 is A's alone
+    shape = (1, 2, 2)
+    a3 = np.array([[[0.5, -0.7], [0.0, 0.0]]])
+    b3 = np.array([[[0.0, 0.0], [2.0, 0.0]]])
+    inputs3 = {
+        n: from_coords(n, shape, np.argwhere(x != 0), x[x != 0], (0, 1, 2))
+        for n, x in (("A", a3), ("B", b3))
+    }
+    st3 = Statement(
+        "C", ("i", "j", "k"), (Operand("A", ("i", "j", "k")), Operand("B", ("i", "j", "k"))), "add"
+    )
+    _, _, out3 = assert_counts_equal(st3, ("i", "j", "k"), inputs3)
+    np.testing.assert_allclose(out3.to_dense(), a3 + b3)
+
+
 # -- every program of tests/sparse, with empty fibers ---------------------------------------------
 def _lowerable_orders(st: Statement, inputs: dict[str, SparseTensor]) -> list[tuple[str, ...]]:
-    """The orders of ``st`` both machines take (the lowering's limits; see graph.py).
-
-    A union whose operands' levels are dense where another's are compressed, or dense below a
-    compressed level, is left out: both machines lower it alike and miss entries there (the
-    dense level is located, not joined, and a dense walk reads the first operand's ``N``).
-    """
+    """The orders of ``st`` both machines take (the lowering's limits; see graph.py)."""
     tensors = {o.tensor: _stored_value(inputs[o.tensor]) for o in st.operands}
     if len(st.operands) > 2 or len(st.reduce_vars) > 1:
         return []
-    if st.combine in ("add", "sub", "max"):
-        kinds: dict[str, set[LevelKind]] = {}
-        for o in st.operands:
-            t = inputs[o.tensor]
-            if t.is_dense:
-                continue
-            seen_compressed = False
-            for d, level in zip(t.order, t.levels, strict=True):
-                kinds.setdefault(o.vars[d], set()).add(level.kind)
-                if level.kind is LevelKind.DENSE and seen_compressed:
-                    return []
-                seen_compressed |= level.kind is not LevelKind.DENSE
-        if any(len(k) > 1 for k in kinds.values()):
-            return []
     out = []
     for order in itertools.permutations(st.vars):
         try:

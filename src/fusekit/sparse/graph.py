@@ -2,7 +2,8 @@
 
 The network follows the statement's dataflow order level by level, as the fast simulator does::
 
-    level v:   scan O.v        operands with a compressed level at v (LevelScanner)
+    level v:   scan O.v        operands with a compressed level at v (LevelScanner); in a
+                               union of sparse operands, their dense levels too
                intersecter v   / unioner v, when two operands scan v
                iterate v       when no operand scans v (a dense LevelScanner)
                locate O.v      operands with a dense level at v (Locator)
@@ -113,9 +114,16 @@ def lower_statement(
         refs.append(_Ref(t, o.vars, 0, net.source(f"root {o.tensor}{k}", [0, DONE]), flat))
         extents.update(zip(o.vars, t.shape, strict=True))
     crd_of: dict[str, Channel] = {}
+    union = st.combine in ("add", "sub", "max")
+    dense = {o.tensor for o in st.operands if inputs[o.tensor].is_dense}
     for v in order:
         at_v = [r for r in refs if r.level < r.tensor.rank and r.vars[r.tensor.order[r.level]] == v]
         scans = [r for r in at_v if r.tensor.levels[r.level].kind is not LevelKind.DENSE]
+        if union and len(dense) + 1 < len(st.operands):
+            # a union of sparse operands scans their dense levels too (uncompressed): located,
+            # a dense level would lose the coordinates only the other operand holds, and an
+            # absent (N) side would reach it as a coordinate
+            scans = [r for r in at_v if r.tensor.name not in dense]
         outs = []
         for r in scans:
             sc = net.add(
@@ -126,7 +134,6 @@ def lower_statement(
             outs.append((net.wire(sc, "out_crd"), net.wire(sc, "out_ref")))
             r.level += 1
         if len(scans) == 2:
-            union = st.combine in ("add", "sub", "max")
             ins = [_fan(net, c) for pair in outs for c in pair]
             join = Union if union else Intersect
             j = net.add(join(f"{'unioner' if union else 'intersecter'} {v}", *ins))

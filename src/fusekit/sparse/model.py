@@ -131,10 +131,11 @@ def _nest(
     for t, v in enumerate(order, start=1):
         n = points[-1]
         fiber_stops = n + sum(empty)  # one per fiber and one per empty fiber above
+        joined = union and len({k for k, _ in rho_at}) > 1  # sparse operands scan every level
         scans = [
             (k, rho_at[(k, v)])
             for k in range(len(st.operands))
-            if (k, v) in rho_at and rho_at[(k, v)] < 1.0
+            if (k, v) in rho_at and (rho_at[(k, v)] < 1.0 or joined)
         ]
         if scans:
             rs = [r for _, r in scans]

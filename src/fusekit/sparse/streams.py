@@ -208,6 +208,9 @@ def evaluate(
     ]
     union = st.combine in ("add", "sub", "max")
     sparse_at = {v: [o for o in ops if not o.is_located and _level_is_sparse(o, v)] for v in order}
+    if union and sum(not o.is_located for o in ops) > 1:
+        # a union of sparse operands scans their dense levels too (see graph.lower_statement)
+        sparse_at = {v: [o for o in ops if not o.is_located and v in o.level_vars] for v in order}
     tail_start = len(order)
     while tail_start > max(materialise, 0) and not sparse_at[order[tail_start - 1]]:
         tail_start -= 1
