@@ -224,3 +224,20 @@ def test_comet_space_beats_the_shared_tilings_and_writes_the_mapping(tmp_path, h
     out = sp.write(tmp_path / "best", result.best.tiling, {"M": m, "N": n, "K": k}, hw)
     assert evaluate(out)["total_cycles"] == result.best.total_cycles  # COMET's four files
     assert (out / "fusekit.yaml").exists()
+
+
+def test_loop_nest_report():
+    case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok0"
+    nest = evaluate(case)["nest"]
+    gemm_tile = next(r for r in nest if r["node"] == "DataMovementTileNode::5")
+    assert gemm_tile["type"] == "temporal" and gemm_tile["cycles"] == 826
+    assert {a["level"] for a in gemm_tile["accesses"]} == {"IB", "WB", "OB", "GEMMEngine"}
+    col = next(r for r in nest if r["node"] == "CollectiveOpNode::21")
+    assert (col["type"], col["tensor"], col["cycles"], col["iterations"]) == (
+        "allreduce",
+        "F",
+        3860,
+        8,
+    )
+    result = runner.invoke(app, ["comet", str(case), "--nest"])
+    assert result.exit_code == 0 and "Loop nest" in result.output

@@ -280,6 +280,9 @@ def comet(
         str | None,
         typer.Option(help="Accelerator preset whose comet_arch replaces the run's arch.yaml."),
     ] = None,
+    nest: Annotated[
+        bool, typer.Option("--nest", help="Also print the loop nest with per-node accesses.")
+    ] = False,
     json: JsonOption = False,
 ) -> None:
     """Evaluate a COMET run from its own four input files, as the COMET binary does.
@@ -306,3 +309,21 @@ def comet(
         ("level", "energy (pJ)"),
         list(energy.items()),
     )
+    if nest:
+        rows = []
+        for r in out["nest"]:  # type: ignore[attr-defined]
+            pad = " " * r["depth"] + "#" + r["node"].rsplit("::", 1)[-1]
+            if "loops" in r:
+                loops = "; ".join(
+                    f"{lp['tensor']}({lp['tag']}) {lp['from']}->{lp['to']} "
+                    + " x ".join(str(f) for f in lp["factors"] if f)
+                    for lp in r["loops"]
+                )
+                acc = ", ".join(f"{a['level']}:{a['tensor']} {a['count']}x{a['tile_elems']}"
+                                for a in r["accesses"] if a["role"] != "compute")  # fmt: skip
+                rows.append((f"{pad} {r['type']}", loops, acc, r["cycles"]))
+            else:
+                what = r.get("op") or r.get("tensor") or ""
+                rows.append((f"{pad} {r['type']}", what, "", r.get("cycles", "")))
+        print_table("Loop nest (loops per tensor; accesses: level:tensor tiles x elements)",
+                    ("node", "loops", "accesses", "cycles"), rows)  # fmt: skip

@@ -1357,7 +1357,62 @@ def report(
         "cycles": units,
         "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
         "root_cycles": ss.node_cost[root.id],
+        "nest": loop_nest(ss, en, root),
     }
+
+
+def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, object]]:
+    """What an architect reads, per node in pre-order (Timeloop's loop-nest view).
+
+    Each tile node: its loops (per tensor: dim -> factor, temporal or spatial, at ``target ->
+    child``), its accesses (per level: tensor, reads or writes of ``count`` tiles of ``tile``
+    elements of ``bits`` bits, and the resulting bytes), its cycles and its energy by level.
+    Collectives: kind, tensor, level, cycles (per iteration) and iterations.
+    """
+    prob = ss.inp.problem
+    out: list[dict[str, object]] = []
+
+    def walk(node: TreeNode, depth: int) -> None:
+        rec: dict[str, object] = {"node": node.label, "depth": depth}
+        if node.kind == "tile":
+            rec["type"] = "spatial" if node.spatial else "temporal"
+            rec["loops"] = [
+                {
+                    "tensor": prob.tensors[tid], "tag": node.tags[t],
+                    "from": node.targets[t], "to": node.childs[t], "bits": node.scale[t],
+                    "factors": [{prob.dims[d]: v for d, v in f.items() if v != 1}
+                                for f in node.tilings[t]],
+                }
+                for t, tid in enumerate(node.tensors)
+            ]  # fmt: skip
+            rec["accesses"] = [
+                {
+                    "level": a.level.name, "tensor": prob.tensors[a.tid], "tag": a.tag,
+                    "role": "compute" if a.compute else ("target" if a.at_target else "child"),
+                    "write": a.rw if not a.compute else None, "count": a.count,
+                    "tile_elems": a.tile * a.proj_count,
+                    "bytes": a.count * a.tile * a.proj_count * a.precision // 8,
+                }
+                for a in ss.accesses.get(node.id, [])
+            ]  # fmt: skip
+            rec["cycles"] = ss.node_cost.get(node.id)
+        elif node.kind == "collective":
+            rec.update(type=node.col_type, tensor=prob.tensors[node.in_tensor], level=node.target,
+                       cycles=ss.node_cost.get(node.id),
+                       iterations=en.parent_iters.get(node.id, 1))  # fmt: skip
+        elif node.kind == "op":
+            rec.update(type="op", op=node.op_name, op_type=node.op_type,
+                       primitive={prob.dims[d]: v for d, v in node.primitive.items()})  # fmt: skip
+        else:
+            rec["type"] = node.binding
+        if node.id in en.level_pj:
+            rec["energy_pj"] = {**en.level_pj[node.id], **en.noc_pj.get(node.id, {})}
+        out.append(rec)
+        for c in node.children:
+            walk(c, depth + 1)
+
+    walk(root, 0)
+    return out
 
 
 def analyse(inp: TreeMapping, calc_noc: bool = True, compat: Compat | None = None) -> dict:

@@ -1,0 +1,81 @@
+"""Fused against unfused on COMET's own runs: our ratios next to COMET's and the paper's.
+
+The unfused baseline is the one the shared runs construct (``../shared/oracles/comet``, README
+"Authored cases"): two separate kernels, a GEMM run writing C to DRAM and a Softmax (or
+LayerNorm) run reading it back, with the same tiling constants as the fused run; the baseline's
+cycles and energy are the sums of the two runs. For every such pair (the ``du_`` rows of the
+summary), this script evaluates the three runs with the tree model as COMET does (``comet``
+columns: equal to the binary's outputs) and with COMET's defects off (``native`` columns), and
+prints COMET's own ratio from the summary next to them, and the paper's up-to speedups.
+
+Run: ``.venv/bin/python benchmarks/comet_fusion.py`` -> ``benchmarks/results/comet_fusion.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from pathlib import Path
+
+from fusekit.accel.comet import CometFitError, evaluate
+from fusekit.report.records import run_metadata, write_results
+
+ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
+PAPER_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46}  # COMET paper, latency speedups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--oracle", type=Path, default=ORACLE)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/comet_fusion.json"))
+    args = parser.parse_args()
+    with open(args.oracle / "summary.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["case"].startswith("du_")]
+    records = []
+    for r in rows:
+        parts = [p.strip() for p in r["components"].split("+")]
+        rec: dict[str, object] = {"case": r["case"], "arch": r["arch"], "op": r["op"],
+                                  "M,N,K": f"{r['M']},{r['N']},{r['K']}"}  # fmt: skip
+        for mode, compat in (("comet", True), ("native", False)):
+            try:
+                fused = evaluate(args.oracle / "cases" / r["fused_case"], compat=compat)
+                unf = [evaluate(args.oracle / "cases" / p, compat=compat) for p in parts]
+            except CometFitError:  # native: a double-buffered level holds half
+                rec[f"{mode}_cycles_ratio"] = rec[f"{mode}_energy_ratio"] = None
+                continue
+            cyc = sum(int(u["total_cycles"]) for u in unf)  # type: ignore[call-overload]
+            pj = sum(float(u["total_energy_pj"]) for u in unf)  # type: ignore[arg-type]
+            rec[f"{mode}_cycles_ratio"] = cyc / int(fused["total_cycles"])  # type: ignore[call-overload]
+            rec[f"{mode}_energy_ratio"] = pj / float(fused["total_energy_pj"])  # type: ignore[arg-type]
+        rec["comet_binary_cycles_ratio"] = float(r["unfused_over_fused_cycles"])
+        rec["comet_binary_energy_ratio"] = float(r["unfused_over_fused_energy"])
+        rec["paper_up_to"] = PAPER_UP_TO[r["op"]]
+        records.append(rec)
+    print(
+        "| op | arch | runs | cycles ratio: ours (comet) / COMET binary / native, max | "
+        "energy ratio: ours (comet) / COMET binary / native, max | paper up to |"
+    )
+    print("|---|---|---|---|---|---|")
+    for op in PAPER_UP_TO:
+        for arch in ("edge", "cloud"):
+            sel = [x for x in records if x["op"] == op and x["arch"] == arch]
+            if not sel:
+                continue
+
+            def mx(key: str, sel: list[dict[str, object]] = sel) -> str:
+                vals = [float(x[key]) for x in sel if x[key] is not None]  # type: ignore[arg-type]
+                return f"{max(vals):.3f}" if vals else "-"
+
+            print(f"| {op} | {arch} | {len(sel)} | {mx('comet_cycles_ratio')} / "
+                  f"{mx('comet_binary_cycles_ratio')} / {mx('native_cycles_ratio')} | "
+                  f"{mx('comet_energy_ratio')} / {mx('comet_binary_energy_ratio')} / "
+                  f"{mx('native_energy_ratio')} | {PAPER_UP_TO[op]}x |")  # fmt: skip
+    med = statistics.median(float(x["comet_cycles_ratio"]) for x in records)  # type: ignore[arg-type]
+    print(f"median unfused/fused cycles (comet mode): {med:.4f}")
+    path = write_results(args.out, records, {**run_metadata(), "oracle": str(args.oracle)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
