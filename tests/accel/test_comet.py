@@ -241,3 +241,40 @@ def test_loop_nest_report():
     )
     result = runner.invoke(app, ["comet", str(case), "--nest"])
     assert result.exit_code == 0 and "Loop nest" in result.output
+
+
+def test_builtin_templates_are_the_shared_mappings(tmp_path):
+    import yaml
+
+    from fusekit.accel.comet.templates import write_template
+
+    ops = {"im_": "gemm_softmax", "_gemm_layernorm_fused_": "gemm_layernorm",
+           "_gemm_only_": "gemm"}  # fmt: skip
+    n = 0
+    for case, row in ROWS.items():
+        op = next((v for k, v in ops.items() if k in case), None)
+        if op is None or row["status"] != "ok" or "gbspatial" in case:
+            continue
+        arch = yaml.safe_load((ORACLE / "cases" / case / "arch.yaml").read_text())
+        d = write_template(op, tmp_path / case, arch)
+        shutil.copy(ORACLE / "cases" / case / "constants.yaml", d / "constants.yaml")
+        mine, theirs = evaluate(d), evaluate(ORACLE / "cases" / case)
+        assert (mine["cycles"], mine["energy_pj"]) == (theirs["cycles"], theirs["energy_pj"]), case
+        n += 1
+    assert n >= 20
+    result = runner.invoke(app, ["explore", "gemm_layernorm", "--space", "comet", "--hw", "edge",
+                                 "-M", "1", "-N", "1024", "-K", "128", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.output)["best"]["total_cycles"]
+    shared = [int(r["total_cycles"]) for c, r in ROWS.items()
+              if c.startswith("au_edge_gemm_layernorm_fused_M1_N1024_K128")]  # fmt: skip
+    assert best <= min(shared)
+
+
+def test_shipped_examples_evaluate():
+    examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
+    for op in ("gemm", "gemm_softmax", "gemm_layernorm"):
+        d = examples / f"{op}_edge"
+        own = __import__("yaml").safe_load((d / "fusekit.yaml").read_text())
+        assert own["extents"] == {"M": 1, "N": 1024, "K": 128}
+        assert evaluate(d)["total_cycles"] > 0

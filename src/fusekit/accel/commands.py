@@ -81,7 +81,10 @@ def explore(
     ] = "fusekit",
     template: Annotated[
         Path | None,
-        typer.Option(help="--space comet: a COMET run folder whose arch/problem/mapping to tile."),
+        typer.Option(
+            help="--space comet: a COMET run folder to tile (default: the op's built-in "
+            "template on the --hw preset's comet_arch)."
+        ),
     ] = None,
     constraints: Annotated[
         Path | None,
@@ -95,7 +98,7 @@ def explore(
 ) -> None:
     """Search the mapping space; print the Pareto front and the best mapping's breakdown."""
     if space == "comet":
-        _explore_comet(template, hw, m, n, k, constraints, write_mapping, json)
+        _explore_comet(problem, template, hw, m, n, k, constraints, write_mapping, json)
         return
     if space != "fusekit":
         raise ValueError(f"accel explore: expected '--space' fusekit or comet (got {space})")
@@ -178,6 +181,7 @@ def explore(
 
 
 def _explore_comet(
+    problem: str,
     template: Path | None,
     hw: str,
     m: int,
@@ -192,15 +196,16 @@ def _explore_comet(
     from fusekit.hw import Accelerator, load
     from fusekit.hw.cpu_gpu import plain
 
-    if template is None:
-        raise ValueError(
-            "accel explore: expected '--template' (a COMET run folder) for --space comet"
-        )
     target = load(hw)
     arch = (
         plain(target.comet_arch) if isinstance(target, Accelerator) and target.comet_arch else None
     )
-    sp = Space(template, arch)
+    if template is not None:
+        sp = Space(template, arch)
+    elif arch is None:
+        raise ValueError(f"accel explore: expected '--hw' with a comet_arch (got {hw})")
+    else:
+        sp = Space.builtin(problem, arch)
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
     result = sp.search(dims, fixed)

@@ -139,6 +139,17 @@ class Space:
         self.arch = read_arch(self.arch_doc, "arch")
         self.mapping_file = str(d / "mapping.yaml")
 
+    @classmethod
+    def builtin(cls, op: str, arch_doc: dict[str, Any]) -> Space:
+        """The space of built-in op ``op`` (:mod:`.templates`) on the arch ``arch_doc``."""
+        from fusekit.accel.comet.templates import mapping, problem
+
+        sp = cls.__new__(cls)
+        sp.arch_doc, sp.problem_doc, sp.mapping_doc = arch_doc, problem(op), mapping(op)
+        sp.arch = read_arch(arch_doc, "arch")
+        sp.mapping_file = f"<{op} template>/mapping.yaml"
+        return sp
+
     def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
         """The tree of one tiling."""
         const = constants(tiling, dims)
