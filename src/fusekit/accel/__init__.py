@@ -3,6 +3,10 @@
 Pipeline: problem (:mod:`.problem`) -> candidates (:mod:`.candidates`) -> cost model
 (:mod:`.model`, with :mod:`.collectives` and the Timeloop-style :mod:`.nest`) -> search
 (:mod:`.search`) -> report (``fusekit accel explore``).
+
+COMET's own mappings: a general mapping tree (:mod:`.tree`) and its staged cost model
+(:mod:`.tree_model`, with :mod:`.noc`, :mod:`.orion` and the named defects of :mod:`.compat`);
+:mod:`.comet` reads COMET's files into it and searches COMET's tiling space.
 """
 
 from fusekit.accel.candidates import enumerate_mappings as enumerate_mappings
