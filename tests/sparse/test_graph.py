@@ -75,8 +75,8 @@ def assert_counts_equal(
     # the lowering has no coordinate dropper: it streams a 0 for an empty intersection
     assert all(p.kind == "dropper" for name, p in prims.items() if name not in tokens.tokens)
     # cycles: the analytic model (busiest primitive + fill) against the cycle-by-cycle engine;
-    # at the tiniest inputs the fill is within a few cycles
-    assert abs(fast.cycles - tokens.cycles) <= max(0.1 * tokens.cycles, 4), (st, order)
+    # below 60 cycles the pipeline fill dominates, and the model is within 6 cycles of it
+    assert abs(fast.cycles - tokens.cycles) <= max(0.1 * tokens.cycles, 6), (st, order)
     return tokens, fast, values[st.out]
 
 

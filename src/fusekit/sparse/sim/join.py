@@ -28,17 +28,15 @@ _INPUTS = ("in_crd1", "in_ref1", "in_crd2", "in_ref2")
 
 
 class _Joiner(Primitive):
+    """Two (crd, ref) operands in; ``OUTPUTS`` out."""
+
+    OUTPUTS: tuple[str, ...] = ("out_crd", "out_ref1", "out_ref2")
+
     def __init__(
-        self,
-        name: str,
-        in_crd1: Channel,
-        in_ref1: Channel,
-        in_crd2: Channel,
-        in_ref2: Channel,
-        outputs: tuple[str, ...],
+        self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
     ) -> None:
         channels = (in_crd1, in_ref1, in_crd2, in_ref2)
-        super().__init__(name, dict(zip(_INPUTS, channels, strict=True)), outputs)
+        super().__init__(name, dict(zip(_INPUTS, channels, strict=True)), self.OUTPUTS)
 
     def _heads(self, now: int) -> tuple[Token, Token, Token, Token] | None:
         heads = [self.peek(p, now) for p in _INPUTS]
@@ -72,18 +70,12 @@ class Intersect(_Joiner):
     """Coordinates present in both streams, with each side's reference; skip hints out."""
 
     kind = "intersecter"
+    OUTPUTS = ("out_crd", "out_ref1", "out_ref2", "out_crd_skip1", "out_crd_skip2")
 
     def __init__(
         self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
     ) -> None:
-        super().__init__(
-            name,
-            in_crd1,
-            in_ref1,
-            in_crd2,
-            in_ref2,
-            ("out_crd", "out_ref1", "out_ref2", "out_crd_skip1", "out_crd_skip2"),
-        )
+        super().__init__(name, in_crd1, in_ref1, in_crd2, in_ref2)
         self.moved = [True, True]  # side k's head changed since the other side's last hint
         self.owed: tuple[deque[Token], deque[Token]] = (deque(), deque())  # stop hints per side
         self.hinted = [False, False]  # a hint went out on that side this cycle
@@ -169,13 +161,6 @@ class Union(_Joiner):
     """Coordinates present in either stream; the side that lacks one gets ``N``."""
 
     kind = "unioner"
-
-    def __init__(
-        self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
-    ) -> None:
-        super().__init__(
-            name, in_crd1, in_ref1, in_crd2, in_ref2, ("out_crd", "out_ref1", "out_ref2")
-        )
 
     def _fire(self, now: int) -> bool:
         heads = self._heads(now)
