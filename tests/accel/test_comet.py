@@ -48,6 +48,10 @@ def _check_completed(case: str) -> None:
     assert out["total_energy_pj"] == pytest.approx(float(row["total_energy_pJ"]), rel=5e-3), case
     cycles, energy = out["cycles"], out["energy_pj"]
     for key, value in row.items():
+        if value != "" and key.startswith("ideal_") and key != "ideal_Total":
+            assert out["ideal_cycles"][key[6:]] == int(value), (case, key)
+        if value != "" and key.startswith("util_") and key != "util_Total":
+            assert out["utilisation"][key[5:]] == pytest.approx(float(value), abs=0.0051), key
         if value == "" or not key.startswith(("cyc_", "E_")):
             continue
         if key.startswith("E_"):

@@ -309,6 +309,12 @@ def comet(
         [(u, r.get("CS", "-"), r.get("OS", "-"), r.get("TMW", "-"), r["total"])
          for u, r in cycles.items()],
     )  # fmt: skip
+    util: dict[str, float] = out["utilisation"]  # type: ignore[assignment]
+    print_table(
+        "Compute units: utilisation (ideal compute cycles / root cycles)",
+        ("unit", "utilisation"),
+        [(u, f"{v:.2f}") for u, v in util.items()],
+    )
     print_table(
         f"Energy by level: {out['total_energy_pj']:,.2f} pJ",
         ("level", "energy (pJ)"),

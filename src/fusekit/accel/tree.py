@@ -102,6 +102,7 @@ class OpSpec:
     out: str
     projections: dict[int, tuple[int, ...]]  # tensor id -> dim id per rank
     rw: frozenset[int]
+    dims: tuple[int, ...] = ()  # the op's iteration space (dim ids); empty: every dim
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -1358,7 +1359,52 @@ def report(
         "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
         "root_cycles": ss.node_cost[root.id],
         "nest": loop_nest(ss, en, root),
+        **dict(zip(("ideal_cycles", "utilisation"), ideal_compute(ss, root), strict=True)),
     }
+
+
+def _total_nodes(arch: Any, name: str) -> int:
+    """Instances of a level across the chip: its own times its widest parent's, up to the root."""
+    n = arch.levels[name].instances
+    while True:
+        parents = [lv for lv in arch.levels.values() if name in lv.child_nets]
+        if not parents:
+            return n
+        top = max(parents, key=lambda lv: lv.instances)
+        n *= top.instances
+        name = top.name
+
+
+def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict[str, float]]:
+    r"""COMET's ideal compute cycles per op and each compute unit's utilisation.
+
+    .. math::
+
+        t_{op} = \frac{(|\text{op}| / |\text{primitive}|) \, t_{prim}}{n_{units}}, \qquad
+        u_{unit} = \sum_{op \text{ on unit}} t_{op} / t_{root}
+
+    with ``|op|`` the op's iteration space, ``t_prim`` one primitive's cycles on its unit and
+    ``n_units`` the unit's instances across the chip.
+    """
+    prob = ss.inp.problem
+    ideal: dict[str, int] = {}
+    unit_of: dict[str, str] = {}
+    for node in _pre_order(root):
+        if not node.is_leaf_tile:
+            continue
+        op = node.children[0]
+        unit = ss.arch.levels[node.childs[0]]
+        spec = prob.ops[op.op_name]
+        space = math.prod(prob.sizes[d] for d in (spec.dims or range(len(prob.dims))))
+        steps = space // math.prod(op.primitive.values())
+        ideal[op.op_name] = steps * compute_cycles(unit, op) // _total_nodes(ss.arch, unit.name)
+        unit_of[op.op_name] = unit.name
+    util: dict[str, float] = {}
+    total = ss.node_cost[root.id] or 1
+    for op_name, t in sorted(ideal.items()):
+        u = unit_of[op_name]
+        util[u] = float(f32(f32(util.get(u, 0.0)) + f32(f32(t) / f32(total))))
+    return dict(sorted(ideal.items())), dict(sorted(util.items()))
 
 
 def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, object]]:

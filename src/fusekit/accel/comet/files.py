@@ -183,8 +183,9 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain
             raise CometInputError(
                 file, f"{where} ({name})", "expected 'ins' and one 'out' among its tensors"
             )
+        op_dims = tuple(dims.index(str(d)) for d in op.get("dimensions") or [] if str(d) in dims)
         ops[name] = OpSpec(name, _names(op.get("ins", "")), _names(op.get("out", ""))[0],
-                           proj, frozenset(rw))  # fmt: skip
+                           proj, frozenset(rw), op_dims)  # fmt: skip
     if not ops:
         raise CometInputError(file, "problem.operations", "expected at least one op")
     return Chain(dims, sizes, tuple(tensors), _names(io["ins"]), _names(io["outs"]),
