@@ -54,9 +54,22 @@ def _pareto_plot(path: Path, pareto: Any, best: Any, title: str) -> None:
             [s.latency_cycles for s in pts], [s.energy_pj / 1e6 for s in pts], marker=marker,
             label=fusion,
         )  # fmt: skip
+    ax.scatter(
+        [best.latency_cycles],
+        [best.energy_pj / 1e6],
+        marker="*",
+        s=220,
+        facecolors="none",
+        edgecolors="red",
+        linewidths=1.5,
+        label="chosen",
+        zorder=3,
+    )
+    ax.annotate(best.mapping.label(), (best.latency_cycles, best.energy_pj / 1e6),
+                xytext=(6, 6), textcoords="offset points", fontsize=7, color="red")  # fmt: skip
     ax.set_xlabel("latency (cycles)")
     ax.set_ylabel("energy (uJ)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -132,7 +145,10 @@ def explore(
         for f, s in result.best_by_fusion.items()
     }
     if plot is not None:
-        _pareto_plot(plot, result.pareto, best, f"{spec.name} on {target.name}")
+        ops = " -> ".join(
+            f"{st.out}={'+'.join(o for o, _ in st.simd_ops) or st.kind}" for st in spec.stages
+        )
+        _pareto_plot(plot, result.pareto, best, f"{spec.name} on {target.name}: {ops}")
     if json:
         print_json(
             {
