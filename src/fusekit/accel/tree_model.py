@@ -370,22 +370,21 @@ def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -
     order = node.order
     strides = [desc[d][1] for d in order]
     ends = [desc[d][0] for d in order]
-    pos = [0] * len(order)
     where = [order.index(d) for d in proj]
     tile = math.prod(strides[i] for i in where)
-    moves = [Move(tile, 1, 1)]
-    last = tuple(pos[i] for i in where)
-    for _ in range(1, nest.iters[t]):
-        for i in range(len(order)):
-            pos[i] += strides[i]
-            if pos[i] >= ends[i]:
-                pos[i] = 0
-            else:
-                break
-        key = tuple(pos[i] for i in where)
-        moves.append(Move(tile, int(key != last), 1))
-        last = key
-    return moves
+    # the tile changes when a projected loop with more than one step advances: every
+    # `period` iterations, the product of the steps of the loops inside the innermost such one
+    period, inner = 0, 1
+    for i in range(len(order)):
+        steps = ends[i] // strides[i] if strides[i] else 1
+        if i in where and steps > 1:
+            period = inner
+            break
+        inner *= max(steps, 1)
+    return [
+        Move(tile, int(idx == 0 or (period > 0 and idx % period == 0)), 1)
+        for idx in range(nest.iters[t])
+    ]
 
 
 def build_movements(inp: TreeMapping, nests: Nests) -> dict[int, list[list[Move]]]:
@@ -684,6 +683,7 @@ class SteadyState:
                     m.cumm += p.cumm
                     f = p.reuse
                     its = min(n_it, len(windows[tgt][k]))
+                    sharers: list[tuple[int, int]] | None = None
                     for i in range(idx, its):
                         for j in range(f):
                             mi = i * f + j
@@ -697,13 +697,16 @@ class SteadyState:
                                 m.stall[mi] += stall
                         if not p.hide:
                             continue
-                        self._share_window(ordered, windows, tgt, idx, k, i, f, p)
+                        if sharers is None:
+                            sharers = self._sharers(ordered, tgt, idx, k)
+                        self._share_window(windows[tgt], sharers, i, f, p)
                     count[tgt] += 1
         return merged
 
     @staticmethod
-    def _share_window(ordered, windows, tgt, idx, k, i, f, p) -> None:
-        """A transfer hidden under the compute window uses it up for the level's other tensors."""
+    def _sharers(ordered, tgt: str, idx: int, k: int) -> list[tuple[int, int]]:
+        """The level's other tensors on the same port: (their window index, their reuse)."""
+        out = []
         seen: dict[str, int] = {}
         for (tgt1, _c1), vec1 in ordered:
             seen.setdefault(tgt1, 0)
@@ -711,15 +714,23 @@ class SteadyState:
                 for per1 in vec1:
                     if not (idx1 < len(per1) and per1[idx1].stall):
                         continue
-                    kk = seen[tgt1]
-                    if tgt1 == tgt and idx1 == idx and kk != k:
-                        kf = per1[idx1].reuse
-                        for j in range(f):
-                            nn = (j + i * f) // kf
-                            if nn < len(windows[tgt1][kk]) and i < len(p.mem_net):
-                                v = windows[tgt1][kk][nn] - p.mem_net[i] // f
-                                windows[tgt1][kk][nn] = max(v, 0)
+                    if tgt1 == tgt and idx1 == idx and seen[tgt1] != k:
+                        out.append((seen[tgt1], per1[idx1].reuse))
                     seen[tgt1] += 1
+        return out
+
+    @staticmethod
+    def _share_window(windows: list[list[int]], sharers, i: int, f: int, p: Cost) -> None:
+        """A transfer hidden under the compute window uses it up for the level's other tensors."""
+        if i >= len(p.mem_net):
+            return
+        used = p.mem_net[i] // f
+        for kk, kf in sharers:
+            win = windows[kk]
+            for j in range(f):
+                nn = (j + i * f) // kf
+                if nn < len(win):
+                    win[nn] = max(win[nn] - used, 0)
 
     def node_total(self, node: TreeNode, merged: dict[str, list[Cost]]) -> tuple[Cost, int]:
         """Ramps, compute window and per-iteration stalls of a node, and its total cycles."""
