@@ -282,3 +282,26 @@ def test_shipped_examples_evaluate():
         own = __import__("yaml").safe_load((d / "fusekit.yaml").read_text())
         assert own["extents"] == {"M": 1, "N": 1024, "K": 128}
         assert evaluate(d)["total_cycles"] > 0
+
+
+def test_fusekit_tree_form_round_trips(tmp_path):
+    import yaml
+
+    from fusekit.accel.comet.files import read_case
+    from fusekit.accel.tree import TreeInputError, tree_to_dict
+
+    for case in ("im_edge_gemm_softmax_fused_M256_N256_K128_ok0",
+                 "au_cloud_layernorm_only_M256_N256_K512_ok1",
+                 "ex_example_run_gemm_softmax_fused_M256_N1024_K4096_noc"):  # fmt: skip
+        f = tmp_path / f"{case}.yaml"
+        f.write_text(yaml.safe_dump(tree_to_dict(read_case(ORACLE / "cases" / case))))
+        mine, theirs = evaluate(f), evaluate(ORACLE / "cases" / case)
+        assert (mine["cycles"], mine["energy_pj"]) == (theirs["cycles"], theirs["energy_pj"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tree: {id: 0}\n")
+    with pytest.raises(TreeInputError, match=r"bad\.yaml: -: not a fusekit mapping tree"):
+        evaluate(bad)
+    examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
+    for op in ("gemm", "gemm_softmax", "gemm_layernorm"):
+        d = examples / f"{op}_edge"
+        assert evaluate(d / "tree.yaml")["total_cycles"] == evaluate(d)["total_cycles"]

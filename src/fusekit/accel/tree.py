@@ -212,3 +212,139 @@ class TreeMapping:
     mapping: TreeNode
     const: dict[str, Any]
     mapping_file: str
+
+
+# --- fusekit's own form (YAML-ready), names instead of ids --------------------------------------
+
+
+def _net_dict(n: Network) -> dict[str, Any]:
+    return {"mesh": n.mesh, "dims": list(n.dims), "port_bw": n.port_bw,
+            "hop_latency": n.hop_latency, "broadcast": n.broadcast, "reduction": n.reduction,
+            "queuing_delay": n.queuing_delay, "channel_width": n.channel_width}  # fmt: skip
+
+
+def _net(d: dict[str, Any]) -> Network:
+    return Network(**{**d, "dims": tuple(d["dims"])})
+
+
+def tree_to_dict(tm: TreeMapping) -> dict[str, Any]:
+    """``tm`` as plain data with tensor and dim names (:func:`tree_from_dict` reads it back)."""
+    p = tm.problem
+    dn, tn = p.dims, p.tensors
+
+    def dims(m: dict[int, int]) -> dict[str, int]:
+        return {dn[d]: v for d, v in m.items()}
+
+    def node(n: TreeNode) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": n.id}
+        if n.kind == "tile":
+            out["tile"] = "spatial" if n.spatial else "temporal"
+            out["order"] = [dn[d] for d in n.order]
+            out["tensors"] = [
+                {"tensor": tn[t], "tag": n.tags[i], "from": n.targets[i], "to": n.childs[i],
+                 "bits": n.scale[i], "rmw": n.rmw[i], "factors": [dims(f) for f in n.tilings[i]]}
+                for i, t in enumerate(n.tensors)
+            ]  # fmt: skip
+        elif n.kind == "op":
+            out.update(op=n.op_name, type=n.op_type, tensors=[tn[t] for t in n.tensors],
+                       primitive=dims(n.primitive),
+                       tile_steps={tn[t]: dims(s) for t, s in n.tilesizes.items()},
+                       reduce=[[dn[d], n.red_factors[d]] for d in n.red_dims])  # fmt: skip
+        elif n.kind == "bind":
+            out["bind"] = n.binding
+        else:
+            out.update(collective=n.col_type, tensor=tn[n.in_tensor], out=tn[n.out_tensor],
+                       over=dn[n.dim], reduce=n.red_op, level=n.target, child=n.child,
+                       src=n.src, dest=n.dest, bits=n.precision, tag=n.tag,
+                       spatial_factor=n.spatial_factor, write_back=n.wb_output)  # fmt: skip
+        if n.children:
+            out["children"] = [node(c) for c in n.children]
+        return out
+
+    return {
+        "hierarchy": {
+            lv.name: {"rank": lv.rank, "kind": lv.kind, "compute": lv.is_compute,
+                      "instances": lv.instances, "attrs": dict(lv.attrs),
+                      "nets": {c: _net_dict(n) for c, n in lv.child_nets.items()},
+                      "link": _net_dict(lv.link_net) if lv.link_net else None}
+            for lv in tm.arch.levels.values()
+        },
+        "chain": {
+            "dims": {dn[d]: s for d, s in p.sizes.items()}, "tensors": list(tn),
+            "ins": list(p.ins), "outs": list(p.outs),
+            "ops": {o.name: {"ins": list(o.ins), "out": o.out, "dims": [dn[d] for d in o.dims],
+                             "read_write": [tn[t] for t in sorted(o.rw)],
+                             "projections": {tn[t]: [dn[d] for d in r]
+                                             for t, r in o.projections.items()}}
+                    for o in p.ops.values()},
+        },
+        "tree": node(tm.mapping),
+    }  # fmt: skip
+
+
+def tree_from_dict(doc: dict[str, Any], source: str = "tree") -> TreeMapping:
+    """Read :func:`tree_to_dict`'s form back; a malformed document names the key."""
+    try:
+        levels = {
+            name: Level(name, int(v["rank"]), str(v["kind"]), bool(v["compute"]),
+                        dict(v["attrs"]), int(v["instances"]),
+                        {c: _net(n) for c, n in (v.get("nets") or {}).items()},
+                        _net(v["link"]) if v.get("link") else None)
+            for name, v in doc["hierarchy"].items()
+        }  # fmt: skip
+        c = doc["chain"]
+        dn = tuple(c["dims"])
+        tn = tuple(c["tensors"])
+        ops = {
+            name: OpSpec(name, tuple(o["ins"]), o["out"],
+                         {tn.index(t): tuple(dn.index(d) for d in r)
+                          for t, r in o["projections"].items()},
+                         frozenset(tn.index(t) for t in o["read_write"]),
+                         tuple(dn.index(d) for d in o.get("dims") or []))
+            for name, o in c["ops"].items()
+        }  # fmt: skip
+        chain = Chain(dn, {i: int(c["dims"][d]) for i, d in enumerate(dn)}, tn,
+                      tuple(c["ins"]), tuple(c["outs"]), dict(sorted(ops.items())))  # fmt: skip
+
+        def dims(m: dict[str, int]) -> dict[int, int]:
+            return {dn.index(d): int(v) for d, v in m.items()}
+
+        def node(d: dict[str, Any], parent: TreeNode | None) -> TreeNode:
+            n = TreeNode(int(d["id"]), "", parent=parent)
+            if "tile" in d:
+                n.kind, n.spatial = "tile", d["tile"] == "spatial"
+                n.order = [dn.index(x) for x in d["order"]]
+                for e in d["tensors"]:
+                    n.tensors.append(tn.index(e["tensor"]))
+                    n.tags.append(e["tag"])
+                    n.targets.append(e["from"])
+                    n.childs.append(e["to"])
+                    n.scale.append(int(e["bits"]))
+                    n.rmw.append(bool(e["rmw"]))
+                    n.tilings.append([dims(f) for f in e["factors"]])
+            elif "op" in d:
+                n.kind, n.op_name, n.op_type = "op", d["op"], d["type"]
+                n.tensors = [tn.index(t) for t in d["tensors"]]
+                n.primitive = dims(d["primitive"])
+                n.tilesizes = {tn.index(t): dims(s) for t, s in d["tile_steps"].items()}
+                n.red_dims = [dn.index(x) for x, _ in d["reduce"]]
+                n.red_factors = {dn.index(x): int(f) for x, f in d["reduce"]}
+            elif "bind" in d:
+                n.kind, n.binding = "bind", d["bind"]
+            else:
+                n.kind, n.col_type = "collective", d["collective"]
+                n.in_tensor, n.out_tensor = tn.index(d["tensor"]), tn.index(d["out"])
+                n.dim, n.red_op = dn.index(d["over"]), d["reduce"]
+                n.target, n.child = d["level"], d["child"]
+                n.src, n.dest = list(d["src"]), list(d["dest"])
+                n.precision, n.tag = int(d["bits"]), d["tag"]
+                n.spatial_factor, n.wb_output = int(d["spatial_factor"]), bool(d["write_back"])
+            n.children = [node(x, n) for x in d.get("children") or []]
+            return n
+
+        root = node(doc["tree"], None)
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise TreeInputError(
+            source, "-", f"not a fusekit mapping tree ({type(e).__name__}: {e})"
+        ) from None
+    return TreeMapping(Hierarchy(levels), chain, root, {}, source)

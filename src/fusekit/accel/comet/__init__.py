@@ -45,7 +45,9 @@ def evaluate(
     """Evaluate one COMET run from its four input files.
 
     Args:
-        case_dir: folder with ``arch.yaml``, ``problem.yaml``, ``mapping.yaml``, ``constants.yaml``.
+        case_dir: folder with ``arch.yaml``, ``problem.yaml``, ``mapping.yaml``, ``constants.yaml``;
+            or a YAML file holding fusekit's own form of a tree
+            (:func:`fusekit.accel.tree.tree_to_dict`).
         calc_noc_energy: add the NoC energy rows (COMET's ``--calc_noc_energy``); by default on,
             unless the folder's ``command.txt`` shows a run without it.
         compat: which of COMET's defects to reproduce (:class:`Compat`, named in
@@ -64,6 +66,19 @@ def evaluate(
         MeshShapeError: a collective on a sub-mesh outside COMET's table (compat only).
     """
     d = Path(case_dir)
+    if d.is_file():  # fusekit's own form of a tree (tree_to_dict), e.g. from --write-mapping
+        import yaml
+
+        from fusekit.accel.tree import tree_from_dict
+
+        if isinstance(compat, bool):
+            compat = Compat() if compat else Compat.native()
+        try:
+            doc = yaml.safe_load(d.read_text())
+        except yaml.YAMLError:
+            raise CometInputError(str(d), "-", "not valid YAML") from None
+        tm = tree_from_dict(doc if isinstance(doc, dict) else {}, str(d))
+        return analyse(tm, calc_noc=calc_noc_energy is not False, compat=compat)
     if calc_noc_energy is None:
         cmd = d / "command.txt"
         calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()

@@ -26,7 +26,7 @@ import yaml
 
 from fusekit.accel.comet.files import _load, read_arch, read_mapping, read_problem
 from fusekit.accel.compat import Compat
-from fusekit.accel.tree import Hierarchy, TreeMapping
+from fusekit.accel.tree import Hierarchy, TreeMapping, tree_to_dict
 from fusekit.accel.tree_model import FitError, analyse
 
 LEVELS = ("DRAM_temporal", "DRAM_spatial_X", "DRAM_spatial_Y", "GB_temporal", "GB_spatial_X",
@@ -195,7 +195,11 @@ class Space:
         return SpaceResult(scored, best, float(median), len(picks))
 
     def write(self, out_dir: str | Path, tiling: Tiling, dims: dict[str, int], hw: str) -> Path:
-        """Write the tiling as COMET's four files and as fusekit's ``fusekit.yaml``."""
+        """Write the tiling as COMET's four files, ``fusekit.yaml`` (the tiling) and ``tree.yaml``.
+
+        ``tree.yaml`` is fusekit's own form of the whole tree (:func:`tree_to_dict`);
+        ``fusekit accel comet DIR/tree.yaml`` evaluates it without COMET's files.
+        """
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         dump = {"sort_keys": False, "default_flow_style": None, "width": 100}
@@ -213,4 +217,6 @@ class Space:
             "label": label(tiling),
         }
         (d / "fusekit.yaml").write_text(yaml.safe_dump(own, **dump))
+        tree = tree_to_dict(self.inputs(tiling, dims))
+        (d / "tree.yaml").write_text(yaml.safe_dump(tree, **dump))
         return d
