@@ -111,7 +111,7 @@ def explore(
 ) -> None:
     """Search the mapping space; print the Pareto front and the best mapping's breakdown."""
     if space == "comet":
-        _explore_comet(problem, template, hw, m, n, k, constraints, write_mapping, json)
+        _explore_comet(problem, template, hw, m, n, k, constraints, write_mapping, workers, json)
         return
     if space != "fusekit":
         raise ValueError(f"accel explore: expected '--space' fusekit or comet (got {space})")
@@ -205,6 +205,7 @@ def _explore_comet(
     k: int,
     constraints: Path | None,
     write_mapping: Path | None,
+    workers: int,
     json: bool,
 ) -> None:
     """COMET's 8-level tilings of a run template, every one scored by the tree model."""
@@ -224,7 +225,7 @@ def _explore_comet(
         sp = Space.builtin(problem, arch)
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
-    result = sp.search(dims, fixed)
+    result = sp.search(dims, fixed, workers=workers)
     best = result.best
     ok = [s for s in result.scored if s.total_cycles is not None]
     if write_mapping is not None:

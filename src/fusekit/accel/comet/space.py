@@ -177,15 +177,32 @@ class Space:
         sample: int = 6,
         seed: int = 0,
         compat: Compat | None = None,
+        workers: int = 1,
     ) -> SpaceResult:
         """Score every tiling; the median of ``sample`` seeded picks stands for COMET's sampler.
+
+        Args:
+            dims: the extents.
+            fixed: fixed factors (dim -> level index -> factor); the arch's by default.
+            sample: tilings in the seeded sample.
+            seed: the sample's seed.
+            compat: COMET's defects to reproduce (all by default).
+            workers: processes scoring tilings.
 
         Raises:
             ValueError: no tiling passes the fit check.
         """
         compat = compat or Compat()
         fixed = fixed if fixed is not None else arch_constraints(self.arch)
-        scored = tuple(self.score(t, dims, compat) for t in self.tilings(dims, fixed))
+        tilings = self.tilings(dims, fixed)
+        if workers > 1:
+            import multiprocessing
+
+            with multiprocessing.Pool(workers) as pool:
+                scored = tuple(pool.starmap(self.score, [(t, dims, compat) for t in tilings],
+                                            chunksize=16))  # fmt: skip
+        else:
+            scored = tuple(self.score(t, dims, compat) for t in tilings)
         ok = [s for s in scored if s.total_cycles is not None]
         if not ok:
             raise ValueError(f"comet space: no tiling of {dims} passes the fit check")
