@@ -234,8 +234,9 @@ def _explore_comet(
         "space": "comet",
         "hw": hw,
         "extents": dims,
-        "tilings": len(result.scored),
-        "rejected": len(result.scored) - len(ok),
+        "tilings": result.tilings,
+        "rejected": result.rejected,
+        "pruned": result.pruned,
         "best": {"tiling": label(best.tiling), "total_cycles": best.total_cycles,
                  "total_energy_pj": best.total_energy_pj},
         "sample_median_cycles": result.sample_median_cycles,
@@ -246,7 +247,8 @@ def _explore_comet(
         print_json(record)
         return
     print_table(
-        f"COMET space on {hw}: {dims} ({record['tilings']} tilings, {record['rejected']} rejected)",
+        f"COMET space on {hw}: {dims} ({record['tilings']} tilings, {record['rejected']} "
+        f"rejected, {record['pruned']} pruned by the lower bound)",
         ("tiling (DRAMt.DRAMsx.DRAMsy.GBt.GBsx.GBsy.Coret.Compute)", "cycles", "energy (uJ)"),
         [(label(s.tiling), s.total_cycles, (s.total_energy_pj or 0) / 1e6)
          for s in sorted(ok, key=lambda s: s.total_cycles or 0)[:10]],

@@ -1386,36 +1386,48 @@ def _total_nodes(arch: Any, name: str) -> int:
         name = top.name
 
 
-def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict[str, float]]:
-    r"""COMET's ideal compute cycles per op and each compute unit's utilisation.
+def ideal_op_cycles(inp: TreeMapping) -> dict[str, int]:
+    r"""COMET's ideal compute cycles per op: a function of the tree alone, no stage run.
 
     .. math::
 
-        t_{op} = \frac{(|\text{op}| / |\text{primitive}|) \, t_{prim}}{n_{units}}, \qquad
-        u_{unit} = \sum_{op \text{ on unit}} t_{op} / t_{root}
+        t_{op} = \frac{(|\text{op}| / |\text{primitive}|) \, t_{prim}}{n_{units}}
 
     with ``|op|`` the op's iteration space, ``t_prim`` one primitive's cycles on its unit and
-    ``n_units`` the unit's instances across the chip.
+    ``n_units`` the unit's instances across the chip. Their sum is the mapper's lower bound on
+    the total cycles (:meth:`fusekit.accel.comet.space.Space.lower_bound`).
     """
-    prob = ss.inp.problem
+    prob, arch = inp.problem, inp.arch
     ideal: dict[str, int] = {}
-    unit_of: dict[str, str] = {}
-    for node in _pre_order(root):
+    for node in _pre_order(inp.mapping):
         if not node.is_leaf_tile:
             continue
         op = node.children[0]
-        unit = ss.arch.levels[node.childs[0]]
+        unit = arch.levels[node.childs[0]]
         spec = prob.ops[op.op_name]
         space = math.prod(prob.sizes[d] for d in (spec.dims or range(len(prob.dims))))
         steps = space // math.prod(op.primitive.values())
-        ideal[op.op_name] = steps * compute_cycles(unit, op) // _total_nodes(ss.arch, unit.name)
-        unit_of[op.op_name] = unit.name
+        ideal[op.op_name] = steps * compute_cycles(unit, op) // _total_nodes(arch, unit.name)
+    return dict(sorted(ideal.items()))
+
+
+def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict[str, float]]:
+    r"""COMET's ideal compute cycles per op (:func:`ideal_op_cycles`) and units' utilisation.
+
+    .. math::
+
+        u_{unit} = \sum_{op \text{ on unit}} t_{op} / t_{root}
+    """
+    ideal = ideal_op_cycles(ss.inp)
+    unit_of = {
+        node.children[0].op_name: node.childs[0] for node in _pre_order(root) if node.is_leaf_tile
+    }
     util: dict[str, float] = {}
     total = ss.node_cost[root.id] or 1
-    for op_name, t in sorted(ideal.items()):
+    for op_name, t in ideal.items():
         u = unit_of[op_name]
         util[u] = float(f32(f32(util.get(u, 0.0)) + f32(f32(t) / f32(total))))
-    return dict(sorted(ideal.items())), dict(sorted(util.items()))
+    return ideal, dict(sorted(util.items()))
 
 
 def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, object]]:

@@ -1,4 +1,4 @@
-"""COMET's mapping space: the 8-level tilings its generator enumerates, scored by the tree model.
+r"""COMET's mapping space: the 8-level tilings its generator enumerates, scored by the tree model.
 
 A tiling gives each dimension a factor at each of 8 levels (DRAM temporal, DRAM spatial X/Y, GB
 temporal, GB spatial X/Y, core temporal, compute tile) whose product is the dimension; a
@@ -10,6 +10,21 @@ GB temporal levels. Each tiling becomes the ``constants`` COMET's generator writ
 mapping template (``M_SE = M_core M_compute``, ``red_factor = M_compute``, ...), and the run is
 evaluated by the tree model (:mod:`fusekit.accel.tree_model`): the fit check first, then cycles
 and energy.
+
+The search prunes by a lower bound (:meth:`Space.lower_bound`): the ops' ideal compute cycles,
+
+.. math::
+
+    LB = \sum_{op} \frac{(|op| / |prim_{op}|) \, t_{prim}(prim_{op})}{n_{unit}},
+
+each op's iteration space over its compute primitive, times one primitive's cycles on its unit,
+over the unit's instances across the chip (what COMET's report calls ideal compute cycles). The
+total cannot be smaller: every op's primitives run somewhere, at most ``n_unit`` at a time, and
+COMET's total adds each op's compute time (TMW) to the transfers' exposed cycles. It depends only
+on the constants the ``Operation`` nodes name (compute tile, reduction factors), so it is
+computed once per distinct compute tile, not per tiling. Tilings are scored in the order of
+their bound; the search stops at the first whose bound exceeds the best cycles found, which
+gives the same best tiling as scoring every one (tested).
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +43,7 @@ import yaml
 from fusekit.accel.comet.files import _load, read_arch, read_mapping, read_problem
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import Hierarchy, TreeMapping, tree_to_dict
-from fusekit.accel.tree_model import FitError, analyse
+from fusekit.accel.tree_model import FitError, analyse, fit_check, ideal_op_cycles
 
 LEVELS = ("DRAM_temporal", "DRAM_spatial_X", "DRAM_spatial_Y", "GB_temporal", "GB_spatial_X",
           "GB_spatial_Y", "Core_temporal", "Compute")  # fmt: skip
@@ -115,12 +131,34 @@ class Scored:
 
 @dataclass(frozen=True, slots=True)
 class SpaceResult:
-    """The search: every tiling scored, the best, and the median of a seeded sample."""
+    """The search: the tilings scored, the best, and the median of a seeded sample.
+
+    ``scored`` holds the rejected tilings (cycles ``None``) and those scored exactly; the
+    ``pruned`` ones, whose lower bound exceeds the best cycles, are counted, not scored.
+    """
 
     scored: tuple[Scored, ...]
     best: Scored
     sample_median_cycles: float
     sample_size: int
+    tilings: int = 0
+    rejected: int = 0
+    pruned: int = 0
+
+
+def _op_constant_names(doc: Any) -> set[str]:
+    """Names the ``Operation`` nodes of a mapping document read (primitive, steps, attributes)."""
+    out: set[str] = set()
+    if isinstance(doc, dict):
+        if str(doc.get("node_type", "")).lower() == "operation":
+            for key in ("TilePrimitive", "TileSteps", "compute_attributes"):
+                out.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(doc.get(key, ""))))
+        for v in doc.values():
+            out |= _op_constant_names(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            out |= _op_constant_names(v)
+    return out
 
 
 def label(tiling: Tiling) -> str:
@@ -138,6 +176,8 @@ class Space:
         self.mapping_doc = _load(d / "mapping.yaml")
         self.arch = read_arch(self.arch_doc, "arch")
         self.mapping_file = str(d / "mapping.yaml")
+        self._bounds: dict[tuple[Any, ...], int] = {}
+        self._op_names: list[str] | None = None
 
     @classmethod
     def builtin(cls, op: str, arch_doc: dict[str, Any]) -> Space:
@@ -148,6 +188,7 @@ class Space:
         sp.arch_doc, sp.problem_doc, sp.mapping_doc = arch_doc, problem(op), mapping(op)
         sp.arch = read_arch(arch_doc, "arch")
         sp.mapping_file = f"<{op} template>/mapping.yaml"
+        sp._bounds, sp._op_names = {}, None
         return sp
 
     def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
@@ -161,6 +202,30 @@ class Space:
         """Every tiling of ``dims`` under the constraints ``fixed``."""
         sets = {d: factor_sets(v, fixed.get(d, {})) for d, v in dims.items()}
         return [dict(zip(sets, combo, strict=True)) for combo in itertools.product(*sets.values())]
+
+    def fits(self, tiling: Tiling, dims: dict[str, int], compat: Compat) -> bool:
+        """Whether COMET's fit check accepts the tiling (stage 1 only)."""
+        try:
+            fit_check(self.inputs(tiling, dims), compat)
+        except FitError:
+            return False
+        return True
+
+    def lower_bound(self, tiling: Tiling, dims: dict[str, int]) -> int:
+        """Cycles no evaluation of ``tiling`` can go below (see the module docstring).
+
+        Cached per values of the constants the ``Operation`` nodes read, so a tree is built
+        once per distinct compute tile of a search.
+        """
+        const = constants(tiling, dims)
+        if self._op_names is None:
+            self._op_names = sorted(_op_constant_names(self.mapping_doc) & set(const))
+        key = (tuple(sorted(dims.items())), *(const[n] for n in self._op_names))
+        hit = self._bounds.get(key)
+        if hit is None:
+            hit = sum(ideal_op_cycles(self.inputs(tiling, dims)).values())
+            self._bounds[key] = hit
+        return hit
 
     def score(self, tiling: Tiling, dims: dict[str, int], compat: Compat) -> Scored:
         """Fit check, then cycles and energy."""
@@ -178,16 +243,23 @@ class Space:
         seed: int = 0,
         compat: Compat | None = None,
         workers: int = 1,
+        prune: bool = True,
     ) -> SpaceResult:
-        """Score every tiling; the median of ``sample`` seeded picks stands for COMET's sampler.
+        """Score the tilings in bound order; stop where the bound passes the best cycles.
+
+        COMET's sampler is modelled as a seeded shuffle of all tilings whose first ``sample``
+        accepted ones are run; their median is reported (those picks are scored, pruned or
+        not). Only scored tilings are fit-checked, so ``rejected`` counts the rejected among
+        them (all of them with ``prune=False``).
 
         Args:
             dims: the extents.
             fixed: fixed factors (dim -> level index -> factor); the arch's by default.
-            sample: tilings in the seeded sample.
+            sample: accepted tilings in the seeded sample.
             seed: the sample's seed.
             compat: COMET's defects to reproduce (all by default).
             workers: processes scoring tilings.
+            prune: stop at the lower bound (``False`` scores every tiling).
 
         Raises:
             ValueError: no tiling passes the fit check.
@@ -195,21 +267,59 @@ class Space:
         compat = compat or Compat()
         fixed = fixed if fixed is not None else arch_constraints(self.arch)
         tilings = self.tilings(dims, fixed)
+        bounds = [self.lower_bound(t, dims) for t in tilings]
+        order = sorted(range(len(tilings)), key=lambda i: bounds[i])
+        exact: dict[int, Scored] = {}
+        best: Scored | None = None
+        pool = None
         if workers > 1:
             import multiprocessing
 
-            with multiprocessing.Pool(workers) as pool:
-                scored = tuple(pool.starmap(self.score, [(t, dims, compat) for t in tilings],
-                                            chunksize=16))  # fmt: skip
-        else:
-            scored = tuple(self.score(t, dims, compat) for t in tilings)
-        ok = [s for s in scored if s.total_cycles is not None]
-        if not ok:
-            raise ValueError(f"comet space: no tiling of {dims} passes the fit check")
-        best = min(ok, key=lambda s: (s.total_cycles, s.total_energy_pj))
-        picks = random.Random(seed).sample(ok, min(sample, len(ok)))
-        median = statistics.median(s.total_cycles for s in picks)  # type: ignore[misc]
-        return SpaceResult(scored, best, float(median), len(picks))
+            pool = multiprocessing.Pool(workers)
+
+        def run(idx: list[int]) -> None:
+            args = [(tilings[i], dims, compat) for i in idx if i not in exact]
+            got = pool.starmap(self.score, args) if pool else [self.score(*a) for a in args]
+            for i, sc in zip([i for i in idx if i not in exact], got, strict=True):
+                exact[i] = sc
+
+        try:
+            batch = max(1, workers) * 8
+            for pos in range(0, len(order), batch):
+                if prune and best is not None and bounds[order[pos]] > (best.total_cycles or 0):
+                    break
+                idx = order[pos : pos + batch]
+                run(idx)
+                for i in idx:
+                    sc = exact[i]
+                    if sc.total_cycles is not None and (
+                        best is None
+                        or (sc.total_cycles, sc.total_energy_pj) < (best.total_cycles,
+                                                                    best.total_energy_pj)
+                    ):  # fmt: skip
+                        best = sc
+            if best is None:
+                raise ValueError(f"comet space: no tiling of {dims} passes the fit check")
+            shuffled = list(range(len(tilings)))
+            random.Random(seed).shuffle(shuffled)
+            picks: list[int] = []
+            for pos in range(0, len(shuffled), batch):
+                if len(picks) >= sample:
+                    break
+                chunk = shuffled[pos : pos + batch]
+                run(chunk)
+                picks += [i for i in chunk if exact[i].total_cycles is not None][
+                    : sample - len(picks)
+                ]
+        finally:
+            if pool is not None:
+                pool.close()
+                pool.join()
+        median = statistics.median(exact[i].total_cycles for i in picks)  # type: ignore[misc]
+        scored = tuple(exact[i] for i in sorted(exact))
+        rejected = sum(1 for s in scored if s.total_cycles is None)
+        return SpaceResult(scored, best, float(median), len(picks), len(tilings), rejected,
+                           len(tilings) - len(scored))  # fmt: skip
 
     def write(self, out_dir: str | Path, tiling: Tiling, dims: dict[str, int], hw: str) -> Path:
         """Write the tiling as COMET's four files, ``fusekit.yaml`` (the tiling) and ``tree.yaml``.

@@ -1,0 +1,87 @@
+"""The mapper over COMET's space: the lower bound is a bound, pruning keeps the best tiling."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+import pytest
+
+from fusekit.accel.comet.files import read_case
+from fusekit.accel.comet.space import Space, arch_constraints
+from fusekit.accel.compat import Compat
+from fusekit.accel.tree_model import ideal_op_cycles
+from fusekit.hw import load
+from fusekit.hw.cpu_gpu import plain
+
+ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
+OPS = ("gemm", "gemm_softmax", "gemm_layernorm")
+# the shapes of the shared runs (decode, square, and the large ones whose tilings were rejected)
+SHAPES = {
+    "edge": ((1, 1024, 128), (256, 256, 128), (1024, 1024, 256)),
+    "cloud": ((1, 4096, 512), (256, 256, 512), (1024, 1024, 512)),
+}
+
+
+def _space(op: str, hw: str) -> Space:
+    return Space.builtin(op, plain(load(hw).comet_arch))  # type: ignore[attr-defined]
+
+
+def _check_bound(op: str, hw: str, dims: tuple[int, int, int], n: int, seed: int) -> None:
+    sp = _space(op, hw)
+    extents = dict(zip("MNK", dims, strict=True))
+    tilings = sp.tilings(extents, arch_constraints(sp.arch))
+    random.Random(seed).shuffle(tilings)
+    checked = 0
+    for t in tilings:
+        if checked == n:
+            break
+        lb = sp.lower_bound(t, extents)
+        exact = [sp.score(t, extents, c).total_cycles for c in (Compat(), Compat.native())]
+        if exact[0] is None:
+            continue  # rejected by COMET's fit check
+        assert all(lb <= c for c in exact if c is not None), (op, hw, dims, t, lb, exact)
+        checked += 1
+    assert checked == n
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+def test_lower_bound_never_exceeds_the_exact_cycles(op, hw):
+    _check_bound(op, hw, SHAPES[hw][0], n=3, seed=17)  # more, and larger shapes, under -m slow
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+def test_lower_bound_never_exceeds_the_exact_cycles_many(op, hw):
+    for dims in SHAPES[hw]:
+        _check_bound(op, hw, dims, n=12, seed=3)
+
+
+@pytest.mark.skipif(not (ORACLE / "summary.csv").exists(), reason="COMET oracle absent")
+def test_lower_bound_is_below_every_shared_run():
+    with open(ORACLE / "summary.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"
+                and (ORACLE / "cases" / r["case"]).is_dir()]  # fmt: skip
+    assert len(rows) >= 40
+    for r in rows:
+        ideal = ideal_op_cycles(read_case(ORACLE / "cases" / r["case"]))
+        assert sum(ideal.values()) <= int(r["total_cycles"]), r["case"]
+        if r["ideal_Total"]:  # the bound is COMET's own ideal compute total
+            assert sum(ideal.values()) == int(r["ideal_Total"]), r["case"]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(("hw", "dims"), [("edge", (4, 128, 64)), ("cloud", (1, 4096, 512))])
+def test_pruned_search_finds_the_exhaustive_best(op, hw, dims):
+    sp = _space(op, hw)
+    extents = dict(zip("MNK", dims, strict=True))
+    pruned = sp.search(extents)
+    full = sp.search(extents, prune=False)
+    assert full.pruned == 0 and len(full.scored) == full.tilings
+    assert pruned.pruned > 0
+    assert pruned.best == full.best
+    assert pruned.sample_median_cycles == full.sample_median_cycles
+    assert pruned.rejected <= full.rejected
