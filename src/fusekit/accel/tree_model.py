@@ -381,10 +381,10 @@ def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -
             period = inner
             break
         inner *= max(steps, 1)
-    return [
-        Move(tile, int(idx == 0 or (period > 0 and idx % period == 0)), 1)
-        for idx in range(nest.iters[t])
-    ]
+    moved, kept = Move(tile, 1, 1), Move(tile, 0, 1)  # shared: moves are never mutated
+    if period <= 0:
+        return [moved] + [kept] * (nest.iters[t] - 1) if nest.iters[t] else []
+    return [moved if idx % period == 0 else kept for idx in range(nest.iters[t])]
 
 
 def build_movements(inp: TreeMapping, nests: Nests) -> dict[int, list[list[Move]]]:
@@ -421,12 +421,11 @@ def build_movements(inp: TreeMapping, nests: Nests) -> dict[int, list[list[Move]
                 unique = math.prod(-(-last[d][0] // first[d][1]) for d in proj)
                 tile = math.prod(first[d][1] for d in proj)
                 pmoves = moves[parent.id][pidx]
-                row = []
-                for idx in range(pnest.iters[pidx]):
-                    if idx != 0 and pmoves[idx].unique == 0:
-                        row.append(Move(tile, 0, nest.sp_iters[t]))
-                    else:
-                        row.append(Move(tile, unique, nest.sp_iters[t]))
+                kept, moved = Move(tile, 0, nest.sp_iters[t]), Move(tile, unique, nest.sp_iters[t])
+                row = [
+                    kept if idx != 0 and pmoves[idx].unique == 0 else moved
+                    for idx in range(pnest.iters[pidx])
+                ]
                 per.append(row)
         moves[node.id] = per
         for c in node.children:
@@ -585,20 +584,30 @@ class SteadyState:
         start = 1 if rw else -1
         c.tile_size = mvs[0].tile
         c.access_count = pseudo
+        seen: dict[int, tuple[int, float]] = {}  # per Move object (rows share them)
+        n_win = len(no_stall)
+        c_stall, c_mem = c.stall, c.mem_net
+        noc_pj, cumm, cumm_stall = c.noc_pj, 0, 0
+        last = n - reuse if rw else -1
         for idx, mv in enumerate(mvs):
-            memory, lat, e = self.transfer(node, t, mv)
-            eff = memory + lat
-            window = no_stall[idx] if idx < len(no_stall) else 0
-            stall = 0 if eff == 0 else eff - window
-            if not hide:
-                stall = eff
-            c.noc_pj += e
-            if rw and idx == n - reuse:
+            hit = seen.get(id(mv))
+            if hit is None:
+                memory, lat, e = self.transfer(node, t, mv)
+                hit = seen[id(mv)] = (memory + lat, e)
+            eff, e = hit
+            noc_pj += e
+            if idx == last:
                 c.ramp_down = eff
                 continue
             if idx == 0 and not rw:
                 c.ramp_up = eff
                 continue
+            if not hide:
+                stall = eff
+            elif eff == 0:
+                stall = 0
+            else:
+                stall = eff - (no_stall[idx] if idx < n_win else 0)
             if different:
                 j = idx + start
             elif idx % reuse == 0:
@@ -606,10 +615,11 @@ class SteadyState:
             else:
                 continue
             if 0 <= j < pseudo:
-                c.stall[j] = stall
-                c.mem_net[j] = eff
-            c.cumm += eff
-            c.cumm_stall += stall
+                c_stall[j] = stall
+                c_mem[j] = eff
+            cumm += eff
+            cumm_stall += stall
+        c.noc_pj, c.cumm, c.cumm_stall = noc_pj, cumm, cumm_stall
         return c
 
     def target_child_cost(self, node: TreeNode, t: int, op_cycles: int | None, child_cost: int,
@@ -683,23 +693,36 @@ class SteadyState:
                     m.cumm += p.cumm
                     f = p.reuse
                     its = min(n_it, len(windows[tgt][k]))
-                    sharers: list[tuple[int, int]] | None = None
+                    sharers: list[tuple[list[int], int, int]] | None = None
+                    mw, mc, ms, wk = m.window, m.compulsory, m.stall, windows[tgt][k]
+                    pw, ps, pn = p.window, p.stall, p.mem_net
+                    n_mw, n_mc, n_ms, n_pw, n_ps, n_pn = map(len, (mw, mc, ms, pw, ps, pn))
                     for i in range(idx, its):
-                        for j in range(f):
-                            mi = i * f + j
-                            if mi < len(m.window) and i < len(p.window) and p.window[i] != 0:
-                                m.window[mi] = max(m.window[mi], p.window[i] // f)
-                            if not p.hide and mi < len(m.compulsory) and i < len(p.window):
-                                m.compulsory[mi] += p.stall[i] if i < len(p.stall) else 0
-                            pm = p.mem_net[i] if i < len(p.mem_net) else 0
-                            stall = pm // f - windows[tgt][k][i] // f
-                            if stall > 0 and mi < len(m.stall):
-                                m.stall[mi] += stall
-                        if not p.hide:
+                        pwi = pw[i] // f if i < n_pw and pw[i] != 0 else -1
+                        extra = (ps[i] if i < n_ps else 0) if not p.hide and i < n_pw else 0
+                        stall = (pn[i] if i < n_pn else 0) // f - wk[i] // f
+                        for mi in range(i * f, i * f + f):
+                            if pwi >= 0 and mi < n_mw:
+                                mw[mi] = max(mw[mi], pwi)
+                            if extra and mi < n_mc:
+                                mc[mi] += extra
+                            if stall > 0 and mi < n_ms:
+                                ms[mi] += stall
+                        if not p.hide or i >= n_pn:
                             continue
+                        # a transfer hidden under the compute window uses it up for the
+                        # level's other tensors on the same port
                         if sharers is None:
-                            sharers = self._sharers(ordered, tgt, idx, k)
-                        self._share_window(windows[tgt], sharers, i, f, p)
+                            sharers = [
+                                (windows[tgt][kk], kf, len(windows[tgt][kk]))
+                                for kk, kf in self._sharers(ordered, tgt, idx, k)
+                            ]
+                        used = pn[i] // f
+                        for win, kf, n_win in sharers:
+                            for mi in range(i * f, i * f + f):
+                                nn = mi // kf
+                                if nn < n_win:
+                                    win[nn] = max(win[nn] - used, 0)
                     count[tgt] += 1
         return merged
 
@@ -719,19 +742,6 @@ class SteadyState:
                     seen[tgt1] += 1
         return out
 
-    @staticmethod
-    def _share_window(windows: list[list[int]], sharers, i: int, f: int, p: Cost) -> None:
-        """A transfer hidden under the compute window uses it up for the level's other tensors."""
-        if i >= len(p.mem_net):
-            return
-        used = p.mem_net[i] // f
-        for kk, kf in sharers:
-            win = windows[kk]
-            for j in range(f):
-                nn = (j + i * f) // kf
-                if nn < len(win):
-                    win[nn] = max(win[nn] - used, 0)
-
     def node_total(self, node: TreeNode, merged: dict[str, list[Cost]]) -> tuple[Cost, int]:
         """Ramps, compute window and per-iteration stalls of a node, and its total cycles."""
         n_it = max(self.nests.tiles[node.id].iters)
@@ -745,12 +755,11 @@ class SteadyState:
                 out.ramp_down = max(out.ramp_down, c.ramp_down)
                 out.compute_time = max(out.compute_time, c.compute_time)
                 f = c.reuse
-                for i in range(idx, n_it):
-                    if i % f:
-                        continue
-                    v = c.stall[i // f] + c.compulsory[i // f]
-                    first = a == 0 and (idx == 0 or self.compat.port_overwrite)
-                    out.stall[i] = v if first else max(out.stall[i], v)
+                first = a == 0 and (idx == 0 or self.compat.port_overwrite)
+                st, cp, os_ = c.stall, c.compulsory, out.stall
+                for i in range(-(-idx // f) * f, n_it, f):  # the multiples of f from idx
+                    v = st[i // f] + cp[i // f]
+                    os_[i] = v if first else max(os_[i], v)
         total = out.compute_time + out.ramp_up + out.ramp_down + sum(out.stall)
         return out, total & 0xFFFFFFFF
 
