@@ -177,11 +177,27 @@ def test_each_deviation_switches_off_alone():
     assert comet["total_cycles"] == int(ROWS[case.name]["total_cycles"])
     root = evaluate(case, compat=Compat().without("unit_sum_total"))
     assert root["total_cycles"] == comet["root_cycles"] != comet["total_cycles"]
-    for name in DEVIATIONS:  # every switch runs, and energy never depends on one
+    for name in DEVIATIONS:  # every switch runs; energy depends on tag_instances only
         out = evaluate(case, compat=Compat().without(name))
-        assert out["total_energy_pj"] == comet["total_energy_pj"], name
+        if name != "tag_instances":
+            assert out["total_energy_pj"] == comet["total_energy_pj"], name
     with pytest.raises(ValueError, match="'name'"):
         Compat().without("no_such_quirk")
+
+
+def test_native_simd_energy_counts_every_unit():
+    """README quirk 9: the fused mapping's GB-spatial node lists only D for ROWMAX."""
+    from fusekit.accel.comet import Compat
+
+    fused = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok0"
+    alone = ORACLE / "cases" / "au_edge_softmax_only_M256_N256_K128_ok0"
+    comet = evaluate(fused)["energy_pj"]
+    native = evaluate(fused, compat=Compat().without("tag_instances"))
+    assert comet["SE-ROWMAX"] * 4 == pytest.approx(native["energy_pj"]["SE-ROWMAX"], rel=1e-6)
+    assert native["energy_pj"]["SE-ROWMAX"] == evaluate(alone)["energy_pj"]["SE-ROWMAX"]
+    # 256 x 256 exponentials at 3.86 pJ each, every one charged once
+    assert native["energy_pj"]["SE-EXP1"] == pytest.approx(256 * 256 * 3.86, rel=1e-6)
+    assert native["total_cycles"] == evaluate(fused)["total_cycles"]
 
 
 @pytest.mark.parametrize("hw", ["edge", "cloud"])

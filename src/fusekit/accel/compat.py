@@ -22,6 +22,11 @@ DEVIATIONS: dict[str, str] = {
     "latency (README quirk 2) -- native: the root node's cycles",
     "unscaled_os": "the table's OS column adds a node's exposed transfer time once, while the "
     "total counts it once per parent iteration -- native: OS times the parent iterations",
+    "tag_instances": "a node's instance count (the spatial fan-out above it) is tracked per op "
+    "tag, so an op whose tag a spatial ancestor does not list is charged for fewer units: SIMD "
+    "energy of the first Softmax op depends on which tensors its GB-spatial node lists (README "
+    "quirk 9; in the shipped mappings every SIMD op but DIV loses the DRAM-spatial fan-out) -- "
+    "native: the product of every spatial ancestor's fan-out",
     "port_overwrite": "when merging levels, the first level's write-port stalls overwrite its "
     "read-port stalls instead of taking the larger -- native: the larger",
 }
@@ -37,6 +42,7 @@ class Compat:
     unit_sum_total: bool = True
     unscaled_os: bool = True
     port_overwrite: bool = True
+    tag_instances: bool = True
 
     @classmethod
     def native(cls) -> Compat:

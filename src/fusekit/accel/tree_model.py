@@ -1148,6 +1148,15 @@ class Energy:
         self.level_pj: dict[int, dict[str, float]] = {}
         self.noc_pj: dict[int, dict[str, float]] = {}
         self.parent_iters: dict[int, int] = {}
+        self.fan_out: dict[int, int] = {}  # instances of each node: its spatial ancestors' fan-out
+        self._fan(ss.inp.mapping, 1)
+
+    def _fan(self, node: TreeNode, n: int) -> None:
+        self.fan_out[node.id] = n
+        if node.kind == "tile" and node.spatial:
+            n *= max(self.ss.nests.tiles[node.id].sp_iters, default=1)
+        for c in node.children:
+            self._fan(c, n)
 
     def _left_tensors(self, node: TreeNode) -> list[int]:
         out: list[int] = []
@@ -1236,6 +1245,8 @@ class Energy:
                         found, nodes = _max_count(sp, self._left_tensors(node) + node.tensors)
                         if not found:
                             raise TreeModelError(f"{node.label}: no parent instance count")
+                    if not self.compat.tag_instances:
+                        nodes = self.fan_out[node.id]
                     if a.compute:
                         n = 1
                         if a.tag in iters:
