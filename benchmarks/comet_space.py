@@ -1,11 +1,21 @@
 """The mapper over COMET's space against the tilings of the shared COMET runs.
 
 For every shape of the shared GEMM-Softmax runs (``../shared/oracles/comet``, edge and cloud),
-``fusekit.accel.comet.space`` scores every tiling COMET's generator allows under the shipped
-constraints (read off the arch) with the tree model, exactly as COMET evaluates it. The script
-reports the best tiling against the best shared one (the shared runs are 6 to 8 tilings that
-COMET's sampler drew per shape, some rejected) and against the median of a seeded sample of 6
-accepted tilings (what COMET's shuffle-and-sample generator would have run), and the scoring rate.
+``fusekit.accel.comet.space`` searches every tiling COMET's generator allows under the shipped
+constraints (read off the arch): a lower bound (the ops' ideal compute cycles, cached per
+compute tile) orders them, the tree model scores them exactly in that order, and the search
+stops at the first bound above the best cycles found. The script reports the best tiling
+against the best shared one (the shared runs are 6 to 8 tilings that COMET's sampler drew per
+shape, some rejected) and against the median of a seeded sample of 6 accepted tilings (what
+COMET's shuffle-and-sample generator would have run), and three rates, each on one core:
+
+- ``exact_per_s_per_core``: the tree model (fit check, cycles, energy) on a seeded sample of
+  ``--rate-sample`` tilings: what scoring every tiling ran at before pruning;
+- ``bounds_per_s_per_core``: the lower bound over every tiling;
+- ``tilings_per_s_per_core``: tilings of the space over the pruned search's wall time.
+
+``exhaustive_s_est`` is the tiling count over the exact rate: what scoring all of them would
+take on one core. Shapes run in ``--workers`` processes, one shape per process.
 
 Run: ``.venv/bin/python benchmarks/comet_space.py [--workers 2]`` ->
 ``benchmarks/results/comet_space.json``.
@@ -16,72 +26,82 @@ from __future__ import annotations
 import argparse
 import csv
 import multiprocessing
+import random
 import time
 from pathlib import Path
+from typing import Any
 
-from fusekit.accel.comet.space import Scored, Space, arch_constraints, label
+from fusekit.accel.comet.space import Space, arch_constraints, label
 from fusekit.accel.compat import Compat
 from fusekit.report.records import run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
-_SPACE: Space | None = None
-_DIMS: dict[str, int] = {}
 
 
-def _init(template: str, dims: dict[str, int]) -> None:
-    global _SPACE, _DIMS
-    _SPACE, _DIMS = Space(template), dims
-
-
-def _score(tiling: dict[str, tuple[int, ...]]) -> Scored:
-    assert _SPACE is not None
-    return _SPACE.score(tiling, _DIMS, Compat())
+def run_shape(template: str, arch: str, dims: dict[str, int], shared: list[int],
+              rate_sample: int) -> dict[str, Any]:  # fmt: skip
+    """Rates and the pruned search's result for one shape, in this process (one core)."""
+    space = Space(template)
+    tilings = space.tilings(dims, arch_constraints(space.arch))
+    picks = random.Random(1).sample(tilings, min(rate_sample, len(tilings)))
+    t0 = time.process_time()
+    for t in picks:
+        space.score(t, dims, Compat())
+    exact_rate = len(picks) / (time.process_time() - t0)
+    space = Space(template)  # a cold bound cache
+    t0 = time.process_time()
+    for t in tilings:
+        space.lower_bound(t, dims)
+    bound_rate = len(tilings) / (time.process_time() - t0)
+    space = Space(template)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = space.search(dims)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    best = res.best
+    m, n, k = dims["M"], dims["N"], dims["K"]
+    return {
+        "arch": arch, "M,N,K": f"{m},{n},{k}", "tilings": res.tilings,
+        "scored": len(res.scored), "pruned": res.pruned, "rejected_of_scored": res.rejected,
+        "best_tiling": label(best.tiling), "best_cycles": best.total_cycles,
+        "best_energy_pj": best.total_energy_pj,
+        "best_lower_bound": space.lower_bound(best.tiling, dims),
+        "best_shared_cycles": min(shared) if shared else None,
+        "speedup_vs_best_shared": min(shared) / best.total_cycles if shared else None,  # type: ignore[operator]
+        "sample_median_cycles": res.sample_median_cycles,
+        "speedup_vs_sample_median": res.sample_median_cycles / best.total_cycles,  # type: ignore[operator]
+        "wall_s": wall, "cpu_s": cpu,
+        "tilings_per_s_per_core": res.tilings / cpu,
+        "exact_per_s_per_core": exact_rate, "rate_sample": len(picks),
+        "bounds_per_s_per_core": bound_rate,
+        "exhaustive_s_est": res.tilings / exact_rate,
+        "speedup_vs_exhaustive": res.tilings / exact_rate / cpu,
+    }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--oracle", type=Path, default=ORACLE)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rate-sample", type=int, default=100)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/comet_space.json"))
     args = parser.parse_args()
     with open(args.oracle / "summary.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["case"].startswith("im_")
                 and (args.oracle / "cases" / r["case"]).is_dir()]  # fmt: skip
     shapes = sorted({(r["arch"], int(r["M"]), int(r["N"]), int(r["K"])) for r in rows})
-    records = []
+    jobs = []
     for arch, m, n, k in shapes:
         same = [r for r in rows if (r["arch"], int(r["M"]), int(r["N"]), int(r["K"])) ==
                 (arch, m, n, k)]  # fmt: skip
         template = str(args.oracle / "cases" / same[0]["case"])
-        dims = {"M": m, "N": n, "K": k}
-        space = Space(template)
-        tilings = space.tilings(dims, arch_constraints(space.arch))
-        t0 = time.perf_counter()
-        with multiprocessing.Pool(args.workers, _init, (template, dims)) as pool:
-            scored = pool.map(_score, tilings, chunksize=16)
-        wall = time.perf_counter() - t0
-        ok = [s for s in scored if s.total_cycles is not None]
-        best = min(ok, key=lambda s: (s.total_cycles, s.total_energy_pj))
-        import random
-        import statistics
-
-        picks = random.Random(0).sample(ok, min(6, len(ok)))
-        median = statistics.median(s.total_cycles for s in picks)  # type: ignore[type-var]
         shared = [int(r["total_cycles"]) for r in same if r["status"] == "ok"]
-        rec = {
-            "arch": arch, "M,N,K": f"{m},{n},{k}", "tilings": len(tilings),
-            "rejected": len(tilings) - len(ok), "best_tiling": label(best.tiling),
-            "best_cycles": best.total_cycles, "best_energy_pj": best.total_energy_pj,
-            "best_shared_cycles": min(shared) if shared else None,
-            "speedup_vs_best_shared": min(shared) / best.total_cycles if shared else None,  # type: ignore[operator]
-            "sample_median_cycles": median,
-            "speedup_vs_sample_median": median / best.total_cycles,  # type: ignore[operator]
-            "wall_s": wall, "workers": args.workers,
-            "tilings_per_s_per_core": len(tilings) / wall / args.workers,
-        }  # fmt: skip
-        records.append(rec)
+        jobs.append((template, arch, {"M": m, "N": n, "K": k}, shared, args.rate_sample))
+    with multiprocessing.Pool(args.workers) as pool:
+        records = pool.starmap(run_shape, jobs, chunksize=1)
+    for rec in records:
         print(rec, flush=True)
-    path = write_results(args.out, records, {**run_metadata(), "oracle": str(args.oracle)})
+    meta = {**run_metadata(), "oracle": str(args.oracle), "workers": args.workers}
+    path = write_results(args.out, records, meta)
     print(f"wrote {path}")
 
 
