@@ -321,3 +321,17 @@ def test_fusekit_tree_form_round_trips(tmp_path):
     for op in ("gemm", "gemm_softmax", "gemm_layernorm"):
         d = examples / f"{op}_edge"
         assert evaluate(d / "tree.yaml")["total_cycles"] == evaluate(d)["total_cycles"]
+
+
+def test_native_mac_energy_follows_the_unit_class():
+    """README quirk 6: example_run names its mac-class tile GEMM, which COMET charges per unit."""
+    from fusekit.accel.comet import Compat
+
+    case = ORACLE / "cases" / "ex_example_run_gemm_softmax_fused_M256_N1024_K4096"
+    comet = evaluate(case)
+    native = evaluate(case, compat=Compat().without("energy_by_name"))
+    assert comet["energy_pj"]["macengine-GEMM"] == float(ROWS[case.name]["E_macengine-GEMM"])
+    # every one of the 256 x 1024 x 4096 MACs once, at 0.2296 pJ
+    assert native["energy_pj"]["macengine-GEMM"] == pytest.approx(256 * 1024 * 4096 * 0.2296,
+                                                                   rel=1e-6)  # fmt: skip
+    assert native["total_cycles"] == comet["total_cycles"]

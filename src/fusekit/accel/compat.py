@@ -27,6 +27,9 @@ DEVIATIONS: dict[str, str] = {
     "energy of the first Softmax op depends on which tensors its GB-spatial node lists (README "
     "quirk 9; in the shipped mappings every SIMD op but DIV loses the DRAM-spatial fan-out) -- "
     "native: the product of every spatial ancestor's fan-out",
+    "energy_by_name": "a compute unit's energy formula is picked by its tile's name "
+    "(SystolicArray: MACs, VSIMD: SIMD ops; any other name, e.g. example_run's GEMM: "
+    "compute_energy per instance; README quirk 6) -- native: by its class (mac, simd)",
     "port_overwrite": "when merging levels, the first level's write-port stalls overwrite its "
     "read-port stalls instead of taking the larger -- native: the larger",
 }
@@ -43,6 +46,7 @@ class Compat:
     unscaled_os: bool = True
     port_overwrite: bool = True
     tag_instances: bool = True
+    energy_by_name: bool = True
 
     @classmethod
     def native(cls) -> Compat:

@@ -1037,7 +1037,7 @@ class SteadyState:
         acc.append(Access(level=unit, count=max_acc, at_target=False, compute=True,
                           tag=node.tags[0], op_type=op.op_type, rmw=node.rmw[0],
                           tid=node.tensors[0],
-                          mac_pj=mac if unit.kind == "SystolicArray" else 0.0))  # fmt: skip
+                          mac_pj=mac))  # fmt: skip
         self.accesses[node.id] = acc
         self.arch_cost[node.id] = {op.id: pairs}
         merged = self.merge_levels(node, pairs, {})
@@ -1179,10 +1179,21 @@ class Energy:
         return out
 
     def _unit_pj(self, a: Access) -> float:
+        """Energy of one access of a compute unit.
+
+        The formula is picked by the unit's tile name (``SystolicArray``: MACs, ``VSIMD``: SIMD
+        ops; compatibility deviation ``energy_by_name``) or, native, by its class (``mac``,
+        ``simd``) where the arch names one; any other unit: ``compute_energy`` per instance.
+        """
         spec = a.level
-        if spec.kind == "SystolicArray":
+        cls = spec.attrs.get("class")
+        if self.compat.energy_by_name or cls is None:  # a tree file may not name classes
+            mac, simd = spec.kind == "SystolicArray", spec.kind == "VSIMD"
+        else:
+            mac, simd = cls == "mac", cls == "simd"
+        if mac:
             return a.mac_pj
-        if spec.kind == "VSIMD":
+        if simd:
             width = int(spec.attrs.get("computeWidth", 8))
             if a.op_type in ("rowsum", "rowmax"):
                 base = 0.11 if a.op_type == "rowsum" else 0.0025

@@ -77,7 +77,10 @@ def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
         for i, entry in enumerate(doc.get(key) or []):
             if not isinstance(entry, dict) or "name" not in entry:
                 raise CometInputError(file, f"{key}[{i}]", "expected a mapping with a 'name'")
-            specs[str(entry["name"])] = (compute, dict(entry.get("attributes") or {}))
+            spec = dict(entry.get("attributes") or {})
+            if "class" in entry:  # mac, simd, SRAM, DRAM: what the native model dispatches on
+                spec["class"] = str(entry["class"])
+            specs[str(entry["name"])] = (compute, spec)
     levels: dict[str, Level] = {}
     counter = [0]
 
