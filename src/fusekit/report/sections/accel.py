@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from fusekit.accel import Fusion, attention, evaluate, explore, gemm_layernorm, gemm_softmax
 from fusekit.hw import Accelerator, load
 from fusekit.report.document import Figure, Section, Table, Text
 from fusekit.report.tour import TourOptions
+
+_EXAMPLES = Path(__file__).resolve().parents[2] / "accel" / "comet" / "examples"
 
 
 def _pareto_figure(points: list[tuple[str, float, float]]) -> Figure:
@@ -26,6 +31,62 @@ def _pareto_figure(points: list[tuple[str, float, float]]) -> Figure:
         "Pareto front, GEMM-Softmax 256x256x128 on edge",
         fig,
         caption="Each point is a mapping no other mapping beats in both latency and energy.",
+    )
+
+
+def _loops(rec: dict[str, Any]) -> str:
+    """``A: N2 x N2 (DRAM->GB)`` per tensor; factors of 1 left out."""
+    parts = []
+    for lp in rec.get("loops", []):
+        facs = " x ".join(f"{d}{v}" for f in lp["factors"] for d, v in f.items()) or "-"
+        parts.append(f"{lp['tensor']}: {facs} ({lp['from']}->{lp['to']})")
+    return "; ".join(parts)
+
+
+def comet_blocks(case: Path, title: str) -> tuple[Table, ...]:
+    """What an architect reads of one COMET-format mapping, evaluated by the tree model.
+
+    The loop nest (per node: type, loops per tensor with levels, cycles), the reads and writes
+    per level and tensor (tiles moved per instance, summed over the nest), and COMET's per-unit
+    cycle table.
+    """
+    from fusekit.accel.comet import evaluate
+
+    out = evaluate(case)
+    nest = [
+        ("  " * int(r["depth"]) + str(r["node"]), r["type"], _loops(r), r.get("cycles"))
+        for r in out["nest"]
+    ]
+    moved: dict[tuple[str, str], list[int]] = {}
+    for r in out["nest"]:
+        for a in r.get("accesses", []):
+            if a["role"] == "compute":
+                continue
+            row = moved.setdefault((a["level"], a["tensor"]), [0, 0, 0, 0])
+            k = 2 if a["write"] else 0
+            row[k] += a["count"]
+            row[k + 1] += a["bytes"]
+    units = [(u, c.get("CS", 0), c.get("OS", 0), c.get("TMW", 0), c["total"])
+             for u, c in out["cycles"].items()]  # fmt: skip
+    return (
+        Table(
+            f"Loop nest: {title}",
+            ("node", "type", "loops (tensor: factors, levels)", "cycles"),
+            tuple(nest),
+        ),
+        Table(
+            f"Reads and writes per level: {title}",
+            ("level", "tensor", "reads (tiles)", "read bytes", "writes (tiles)", "write bytes"),
+            tuple((lv, t, *v) for (lv, t), v in sorted(moved.items())),
+            note="per instance of the level, over all iterations; 'fusekit accel comet DIR "
+            "--json' gives them per node",
+        ),
+        Table(
+            f"Cycles per unit (COMET's table: CS ramps, OS exposed, TMW compute): {title}",
+            ("unit", "CS", "OS", "TMW", "total"),
+            tuple(units),
+            note=f"total {out['total_cycles']:,} cycles, {out['total_energy_pj'] / 1e6:,.3f} uJ",
+        ),
     )
 
 
@@ -89,6 +150,13 @@ def build(options: TourOptions) -> Section:
                 breakdown_rows,
             ),
             Text("fusekit accel explore and fusekit accel eval mapping.yaml reproduce these."),
+            Text(
+                "The same op as COMET models it (fusekit's tree model with COMET's semantics): "
+                "the best GEMM-Softmax tiling of COMET's space at decode shape 1x1024x128 on "
+                "edge, as shipped in accel/comet/examples/gemm_softmax_edge; "
+                "'fusekit accel comet DIR --nest' prints these."
+            ),
+            *comet_blocks(_EXAMPLES / "gemm_softmax_edge", "GEMM-Softmax 1x1024x128, edge"),
         ),
         records=tuple(records),
     )
