@@ -85,3 +85,28 @@ def test_pruned_search_finds_the_exhaustive_best(op, hw, dims):
     assert pruned.best == full.best
     assert pruned.sample_median_cycles == full.sample_median_cycles
     assert pruned.rejected <= full.rejected
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+def test_leaf_memo_gives_the_reference_record(op, hw):
+    from fusekit.accel.tree_model import FitError, analyse
+
+    sp = _space(op, hw)
+    for dims in SHAPES[hw][:2]:
+        extents = dict(zip("MNK", dims, strict=True))
+        tilings = sp.tilings(extents, arch_constraints(sp.arch))
+        tilings.sort(key=lambda t: sp.lower_bound(t, extents))  # the search's order: shared leaves
+        for compat in (Compat(), Compat.native()):
+            memo: dict = {}
+            checked = 0
+            for t in tilings:
+                if checked == 6:
+                    break
+                try:
+                    ref = analyse(sp.inputs(t, extents), compat=compat)
+                except FitError:
+                    continue
+                assert analyse(sp.inputs(t, extents), compat=compat, memo=memo) == ref, t
+                checked += 1
+            assert checked == 6 and memo  # leaves were kept

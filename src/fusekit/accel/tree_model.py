@@ -31,7 +31,7 @@ turns them on, the native model has them off).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -489,9 +489,16 @@ def compute_cycles(level: Level, op: TreeNode) -> int:
 class SteadyState:
     """Stage 4 (see the module docstring): cycles of every node, and the accesses they make."""
 
-    def __init__(self, inp: TreeMapping, nests: Nests, moves: dict[int, list[list[Move]]],
-                 compat: Compat) -> None:  # fmt: skip
+    def __init__(
+        self,
+        inp: TreeMapping,
+        nests: Nests,
+        moves: dict[int, list[list[Move]]],
+        compat: Compat,
+        memo: dict[tuple[Any, ...], Any] | None = None,
+    ) -> None:
         self.inp, self.arch, self.nests, self.moves = inp, inp.arch, nests, moves
+        self.memo = memo
         self.compat = compat
         self.generalise = not compat.mesh_table
         self.node_cost: dict[int, int] = {}
@@ -1006,8 +1013,43 @@ class SteadyState:
             if s == top:
                 self.ramp_up.setdefault(node.id, {}).update(ups[lv])
 
+    def _leaf_key(self, node: TreeNode) -> tuple[Any, ...]:
+        """All a leaf's stage-4 results depend on besides the tree's shape and the arch."""
+        nest, op = self.nests.tiles[node.id], node.children[0]
+        return (
+            node.id, repr(nest.desc), tuple(nest.iters), tuple(nest.rel_ts),
+            tuple(sorted(op.primitive.items())), tuple(sorted(op.red_factors.items())),
+        )  # fmt: skip
+
     def visit_leaf(self, node: TreeNode) -> None:
-        """A tile node right above an op: its transfers against the op's compute time."""
+        """A tile node right above an op: its transfers against the op's compute time.
+
+        With a ``memo`` (a tiling sweep over one template, :class:`fusekit.accel.comet.space.
+        Space`), a leaf whose nest another tiling already gave is restored from it: a leaf
+        reads nothing above itself. Energy later scales the accesses, so they are copied.
+        """
+        key = self._leaf_key(node) if self.memo is not None else None
+        hit = self.memo.get(key) if self.memo is not None else None
+        if hit is not None:
+            acc, arch_cost, level_cost, total, down, up = hit
+            self.accesses[node.id] = [replace(a) for a in acc]
+            self.arch_cost[node.id], self.level_cost[node.id] = arch_cost, level_cost
+            self.node_cost[node.id] = total
+            if down is not None:
+                self.ramp_down[node.id] = dict(down)
+            if up is not None:
+                self.ramp_up[node.id] = dict(up)
+            return
+        self._visit_leaf(node)
+        if self.memo is not None:
+            down, up = self.ramp_down.get(node.id), self.ramp_up.get(node.id)
+            self.memo[key] = (
+                [replace(a) for a in self.accesses[node.id]], self.arch_cost[node.id],
+                self.level_cost[node.id], self.node_cost[node.id],
+                None if down is None else dict(down), None if up is None else dict(up),
+            )  # fmt: skip
+
+    def _visit_leaf(self, node: TreeNode) -> None:
         op = node.children[0]
         nest = self.nests.tiles[node.id]
         n_it = max(nest.iters)
@@ -1515,13 +1557,22 @@ def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, obj
     return out
 
 
-def analyse(inp: TreeMapping, calc_noc: bool = True, compat: Compat | None = None) -> dict:
-    """Run COMET's stages 1-6 on one run's inputs (see the module docstring)."""
+def analyse(
+    inp: TreeMapping,
+    calc_noc: bool = True,
+    compat: Compat | None = None,
+    memo: dict[tuple[Any, ...], Any] | None = None,
+) -> dict:
+    """Run COMET's stages 1-6 on one run's inputs (see the module docstring).
+
+    ``memo``: leaf results shared by the tilings of one template, same arch, dims and
+    ``compat`` (:meth:`SteadyState.visit_leaf`); ``None`` evaluates every node.
+    """
     compat = compat or Compat()
     fit_check(inp, compat)
     nests = build_nests(inp)
     moves = build_movements(inp, nests)
-    ss = SteadyState(inp, nests, moves, compat)
+    ss = SteadyState(inp, nests, moves, compat, memo)
     ss.visit(inp.mapping)
     en = Energy(ss, compat)
     en.walk(inp.mapping, {}, {}, inp.mapping)

@@ -178,6 +178,14 @@ class Space:
         self.mapping_file = str(d / "mapping.yaml")
         self._bounds: dict[tuple[Any, ...], int] = {}
         self._op_names: list[str] | None = None
+        self._memo: dict[tuple[Any, ...], dict[tuple[Any, ...], Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for worker processes without the leaf memo (each worker grows its own)."""
+        return {**self.__dict__, "_memo": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     @classmethod
     def builtin(cls, op: str, arch_doc: dict[str, Any]) -> Space:
@@ -188,7 +196,7 @@ class Space:
         sp.arch_doc, sp.problem_doc, sp.mapping_doc = arch_doc, problem(op), mapping(op)
         sp.arch = read_arch(arch_doc, "arch")
         sp.mapping_file = f"<{op} template>/mapping.yaml"
-        sp._bounds, sp._op_names = {}, None
+        sp._bounds, sp._op_names, sp._memo = {}, None, {}
         return sp
 
     def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
@@ -227,10 +235,19 @@ class Space:
             self._bounds[key] = hit
         return hit
 
-    def score(self, tiling: Tiling, dims: dict[str, int], compat: Compat) -> Scored:
-        """Fit check, then cycles and energy."""
+    def score(
+        self, tiling: Tiling, dims: dict[str, int], compat: Compat, memo: bool = True
+    ) -> Scored:
+        """Fit check, then cycles and energy.
+
+        ``memo``: reuse the leaves other tilings of the same dims and ``compat`` already gave
+        (``analyse``'s ``memo``; the same numbers, tested); ``False`` evaluates every node.
+        """
+        cache = self._memo.setdefault((tuple(sorted(dims.items())), compat), {}) if memo else None
+        if cache is not None and len(cache) > 200_000:
+            cache.clear()  # bound the memory of very long sweeps
         try:
-            out = analyse(self.inputs(tiling, dims), calc_noc=True, compat=compat)
+            out = analyse(self.inputs(tiling, dims), calc_noc=True, compat=compat, memo=cache)
         except FitError:
             return Scored(tiling, None, None)
         return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))  # type: ignore[call-overload]
