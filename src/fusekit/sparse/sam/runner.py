@@ -18,7 +18,7 @@ Node types and the primitives they become:
 ``fiberlookup``                ``CompressedScanner`` / ``UncompressedScanner`` (``format``)
 ``fiberwrite``                 ``CompressedWriter`` / ``UncompressedWriter``; ``ValsWriter``
 ``arrayvals``                  ``ArrayRead`` (a ``none`` tensor: values ``[v]`` read at ref 0)
-``intersect``, ``union``       ``Intersect`` / ``Union``; :class:`.blocks.JoinN` past two
+``intersect``, ``union``       ``Intersect`` / ``Union``; :class:`JoinN` past two
 ``repsiggen``, ``repeat``      ``RepeatSigGen``, ``Repeat``
 ``mul``, ``add``               ``ALU`` (``sub=1``: the subtrahend negated, see :mod:`.ports`)
 ``reduce``                     ``Reduce``
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from fusekit.sparse.sam.bind import BoundTensor, bind, decode, format_rank, mode_order
-from fusekit.sparse.sam.blocks import DeepCrdDrop, JoinN
+from fusekit.sparse.sam.blocks import DeepCrdDrop
 from fusekit.sparse.sam.gv import SamGraph, SamGraphError, SamNode, read_gv
 from fusekit.sparse.sam.ports import Wire, check_acyclic, resolve
 from fusekit.sparse.sim.channel import Channel
@@ -63,6 +63,7 @@ from fusekit.sparse.sim.primitives import (
     CrdDrop,
     CrdHold,
     Intersect,
+    JoinN,
     Locator,
     Primitive,
     Reduce,

@@ -135,30 +135,28 @@ def replay_record(
     kind = record.get("primitive")
     if kind not in BUILDERS:
         raise ValueError(expected(where, "primitive", ", ".join(sorted(BUILDERS)), kind))
+    inputs = dict(record.get("inputs", {}))
     net = Network(depth=depth, latency=latency)
     chans = {
         port: net.source(f"in {port}", _tokens(list(s), f"{where}: {port}"), timed=True)
-        for port, s in dict(record.get("inputs", {})).items()
+        for port, s in inputs.items()
     }
     try:
         prim = net.add(BUILDERS[kind](kind, dict(record.get("params", {})), chans))
     except KeyError as e:
         raise ValueError(expected(where, "input port", "present", f"missing {e}")) from None
-    sinks = {port: sink(port, net.wire(prim, port)) for port in prim.outputs}
-    for s in sinks.values():
-        net.add(s)
-    for port, ch in chans.items():
-        if port not in prim.inputs:
-            raise ValueError(expected(where, "input port", ", ".join(prim.inputs), port))
-        del ch  # every offered port is read by the primitive
-    outs = [ch for chans_ in prim.outputs.values() for ch in chans_]
-    cycles = run(net, until=lambda: prim.done and not any(len(c) for c in outs))
+    unread = [port for port in inputs if port not in prim.inputs]
+    if unread:
+        raise ValueError(expected(where, "input port", ", ".join(prim.inputs), unread[0]))
+    outs = {port: net.wire(prim, port) for port in prim.outputs}
+    for port, ch in outs.items():
+        net.add(sink(port, ch))
+    cycles = run(net, until=lambda: prim.done and not any(len(c) for c in outs.values()))
+    last = max((t for c in outs.values() for t in c.times), default=latency - 1)
     streams: Streams = {}
     per_cycle: Streams = {}
-    for port, drained in sinks.items():
-        streams[port] = [to_sam(t) for t in drained.tokens]
-        ch = prim.outputs[port][0]
-        last = max((t for c in outs for t in c.times), default=latency - 1)
+    for port, ch in outs.items():
+        streams[port] = [to_sam(t) for t in ch.log]
         row: list[SamToken] = [""] * (last - latency + 1)
         for tok, t in zip(ch.log, ch.times, strict=True):
             row[t - latency] = to_sam(tok)

@@ -22,7 +22,7 @@ from collections import deque
 
 from fusekit.sparse.sim.base import Primitive
 from fusekit.sparse.sim.channel import Channel
-from fusekit.sparse.sim.tokens import DONE, EMPTY, Stop, Token, is_data
+from fusekit.sparse.sim.tokens import DONE, EMPTY, Stop, Token, is_data, is_number
 
 _INPUTS = ("in_crd1", "in_ref1", "in_crd2", "in_ref2")
 
@@ -157,31 +157,93 @@ class Intersect(_Joiner):
         return self._control(c1, c2, now)
 
 
-class Union(_Joiner):
-    """Coordinates present in either stream; the side that lacks one gets ``N``."""
+class JoinN(Primitive):
+    """An intersect or union of ``n >= 2`` (crd, ref) streams with equal fiber structure.
 
-    kind = "unioner"
+    SAM's generated tests join three operands in one block (``mat_elemadd3``: ``set_in3``,
+    ``out_ref3``). :class:`Union` is the case ``n = 2``; :class:`Intersect` is the two-operand
+    intersecter with skip outputs. Ports ``in_crd<k>``, ``in_ref<k>``, ``out_crd``,
+    ``out_ref<k>`` for k = 1..n. ``N`` (an absent fiber) joins as the empty set: the unioner
+    skips it (or sends ``N`` when every side is absent); the intersecter drains the other sides
+    and sends one ``N`` in the fiber's place.
+    """
+
+    def __init__(self, name: str, union: bool, crds: list[Channel], refs: list[Channel]) -> None:
+        n = len(crds)
+        inputs = {f"in_crd{k + 1}": c for k, c in enumerate(crds)}
+        inputs.update({f"in_ref{k + 1}": r for k, r in enumerate(refs)})
+        outputs = ("out_crd", *(f"out_ref{k + 1}" for k in range(n)))
+        super().__init__(name, inputs, outputs)
+        self.kind = "unioner" if union else "intersecter"
+        self.n = n
+        self.union = union
+        self.absent = False
+
+    def _take(self, k: int) -> None:
+        self.pop(f"in_crd{k + 1}")
+        self.pop(f"in_ref{k + 1}")
+
+    def _out(self, crd: Token, refs: list[Token], now: int) -> None:
+        self.emit("out_crd", crd, now)
+        for k, r in enumerate(refs):
+            self.emit(f"out_ref{k + 1}", r, now)
 
     def _fire(self, now: int) -> bool:
-        heads = self._heads(now)
-        if heads is None:
+        heads = [self.peek(f"in_crd{k + 1}", now) for k in range(self.n)]
+        refs = [self.peek(f"in_ref{k + 1}", now) for k in range(self.n)]
+        if any(h is None for h in heads) or any(r is None for r in refs):
             return False
-        c1, r1, c2, r2 = heads
-        if c1 is EMPTY and c2 is EMPTY:
-            self._take(1)
-            self._take(2)
-            self._out(EMPTY, EMPTY, EMPTY, now)
+        data = [k for k, h in enumerate(heads) if is_number(h)]  # type: ignore[arg-type]
+        empty = [k for k, h in enumerate(heads) if h is EMPTY]
+        if not data and not empty:  # stops or done on every side
+            if self.absent:
+                self.absent = False
+                self._out(EMPTY, [EMPTY] * self.n, now)
+                return True
+            if any(h != heads[0] for h in heads):
+                raise self._malformed("streams with the same fiber structure", heads)
+            for k in range(self.n):
+                self._take(k)
+            tok = heads[0]
+            assert tok is not None
+            self._out(tok, [tok] * self.n, now)
+            self.done = tok is DONE
             return True
-        if c1 is EMPTY or c2 is EMPTY:
-            self._take(1 if c1 is EMPTY else 2)  # an absent fiber adds nothing
+        if empty:
+            for k in empty:
+                self._take(k)
+            if self.union and len(empty) == self.n:
+                self._out(EMPTY, [EMPTY] * self.n, now)
+            self.absent = self.absent or not self.union
             return True
-        first = is_data(c1) and (not is_data(c2) or c1 <= c2)  # type: ignore[operator]
-        second = is_data(c2) and (not is_data(c1) or c2 <= c1)  # type: ignore[operator]
-        if first or second:
-            if first:
-                self._take(1)
-            if second:
-                self._take(2)
-            self._out(c1 if first else c2, r1 if first else EMPTY, r2 if second else EMPTY, now)
+        crds = {k: heads[k] for k in data}
+        if self.union:
+            low = min(crds.values())  # type: ignore[type-var]
+            out: list[Token] = []
+            for k in range(self.n):
+                if k in crds and crds[k] == low:
+                    out.append(refs[k])  # type: ignore[arg-type]
+                    self._take(k)
+                else:
+                    out.append(EMPTY)
+            self._out(low, out, now)  # type: ignore[arg-type]
             return True
-        return self._control(c1, c2, now)
+        if len(data) == self.n and len(set(crds.values())) == 1 and not self.absent:
+            for k in range(self.n):
+                self._take(k)
+            self._out(heads[0], refs, now)  # type: ignore[arg-type]
+            return True
+        high = max(crds.values()) if len(data) == self.n else None  # type: ignore[type-var]
+        for k in data:
+            if high is None or self.absent or crds[k] != high:
+                self._take(k)
+        return True
+
+
+class Union(JoinN):
+    """Coordinates present in either of two streams; the side that lacks one gets ``N``."""
+
+    def __init__(
+        self, name: str, in_crd1: Channel, in_ref1: Channel, in_crd2: Channel, in_ref2: Channel
+    ) -> None:
+        super().__init__(name, True, [in_crd1, in_crd2], [in_ref1, in_ref2])

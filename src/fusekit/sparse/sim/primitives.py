@@ -13,6 +13,7 @@ UncompressedScanner       in_ref                                out_crd, out_ref
 Intersect                 in_crd1, in_ref1, in_crd2, in_ref2    out_crd, out_ref1, out_ref2,
                                                                 out_crd_skip1, out_crd_skip2
 Union                     in_crd1, in_ref1, in_crd2, in_ref2    out_crd, out_ref1, out_ref2
+JoinN                     in_crd<k>, in_ref<k> (k = 1..n)       out_crd, out_ref<k>
 RepeatSigGen              in_stream                             out_repeat
 Repeat                    in_ref, in_repeat                     out_ref
 Locator (fusekit)         in_ref, in_repeat (a crd stream)      out_ref
@@ -32,7 +33,7 @@ A broadcast is an output port wired to several channels.
 """
 
 from fusekit.sparse.sim.base import Primitive, Sink, Source
-from fusekit.sparse.sim.join import Intersect, Union
+from fusekit.sparse.sim.join import Intersect, JoinN, Union
 from fusekit.sparse.sim.repeat import CrdDrop, CrdHold, Locator, Repeat, RepeatSigGen
 from fusekit.sparse.sim.scan import CompressedScanner, Scanner, UncompressedScanner, level_scanner
 from fusekit.sparse.sim.values import (
@@ -55,6 +56,7 @@ __all__ = [
     "CrdDrop",
     "CrdHold",
     "Intersect",
+    "JoinN",
     "Locator",
     "Primitive",
     "Reduce",
