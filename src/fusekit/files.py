@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.constructor import SafeConstructor
 
 from fusekit.errors import ConfigError
 
@@ -131,18 +131,16 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
         """A YAML float, refused when infinite or NaN."""
         value = float(SafeConstructor.construct_yaml_float(self, node))
         if not math.isfinite(value):
-            raise ConstructorError(
-                None, None, f"non-finite number {short(node.value)}", node.start_mark
-            )
+            raise _Reject(f"non-finite number {short(node.value)}", node.start_mark)
         return value
 
     def construct_int64(self, node: yaml.ScalarNode) -> int:
         """A YAML int, refused outside the signed 64-bit range."""
         if len(node.value) > 40:  # long before int() meets Python's 4,300-digit limit
-            raise ConstructorError(None, None, "integer out of the 64-bit range", node.start_mark)
+            raise _Reject("integer out of the 64-bit range", node.start_mark)
         value = int(SafeConstructor.construct_yaml_int(self, node))
         if not -_INT64 <= value < _INT64:
-            raise ConstructorError(None, None, "integer out of the 64-bit range", node.start_mark)
+            raise _Reject("integer out of the 64-bit range", node.start_mark)
         return value
 
 

@@ -11,16 +11,17 @@ Sizes and rates may be written with units: ``228 KiB``, ``141 GB``, ``4.8 TB/s``
 
 from __future__ import annotations
 
+import math
 import re
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from fusekit.errors import ConfigError
+from fusekit.files import load_yaml, short, top_mapping
 from fusekit.hw.accel import Accelerator, MemoryLevel, Network, SystolicArrays
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 
@@ -43,6 +44,8 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: Sizes above this do not fit a signed 64-bit integer.
+_MAX_SIZE = 2**63
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*(/s)?\s*$")
 
 
@@ -56,10 +59,16 @@ def _parse_quantity(value: Any, rate: bool) -> Any:
         want = "a rate such as '4.8 TB/s'" if rate else "a size such as '32 KiB'"
         raise ValueError(f"expected a number or {want}")
     number = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(number):
+        raise ValueError("expected a finite number")
+    if not rate and number >= _MAX_SIZE:
+        raise ValueError("expected a size below 2**63 bytes")
     return number if rate else int(number)
 
 
-Size = Annotated[int, BeforeValidator(lambda v: _parse_quantity(v, rate=False)), Field(gt=0)]
+Size = Annotated[
+    int, BeforeValidator(lambda v: _parse_quantity(v, rate=False)), Field(gt=0, lt=_MAX_SIZE)
+]
 Rate = Annotated[float, BeforeValidator(lambda v: _parse_quantity(v, rate=True)), Field(gt=0)]
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -67,7 +76,7 @@ Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 
 
 class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _ComputeSchema(_Schema):
@@ -88,7 +97,9 @@ class CPUSchema(_ComputeSchema):
     threads: PositiveInt
     l1d_bytes: Size
     l2_bytes: Size
-    l3_bytes: Annotated[int, BeforeValidator(lambda v: _parse_quantity(v, False)), Field(ge=0)]
+    l3_bytes: Annotated[
+        int, BeforeValidator(lambda v: _parse_quantity(v, False)), Field(ge=0, lt=_MAX_SIZE)
+    ]
     simd_width_bits: PositiveInt
 
     def build(self) -> CPUTarget:
@@ -234,6 +245,10 @@ _SCHEMAS: dict[str, type[CPUSchema | GPUSchema | AcceleratorSchema]] = {
 }
 
 
+#: Problems of one file listed in its error line; the rest are counted.
+_MAX_PROBLEMS = 5
+
+
 def _describe(error: Any) -> str:
     """One error of a pydantic ValidationError as ``path: problem (got value)``."""
     path = ".".join(str(part) for part in error["loc"] if part != "[key]") or "(top level)"
@@ -244,7 +259,7 @@ def _describe(error: Any) -> str:
         return f"{path}: unknown field"
     message = error["msg"]
     message = message.removeprefix("Value error, ").replace("Input should be", "must be")
-    return f"{path}: {message} (got {error['input']!r})"
+    return f"{path}: {message} (got {short(error['input'])})"
 
 
 def parse(data: Any, source: str) -> Hardware:
@@ -260,19 +275,20 @@ def parse(data: Any, source: str) -> Hardware:
     Raises:
         ConfigError: one line naming ``source``, the field path and every problem found.
     """
-    if not isinstance(data, dict):
-        raise ConfigError(
-            source, "", f"expected a mapping at top level (got {type(data).__name__})"
-        )
+    data = top_mapping(data, source)
     kind = data.get("kind")
     if kind not in _SCHEMAS:
-        raise ConfigError(source, "kind", f"must be one of {', '.join(_SCHEMAS)} (got {kind!r})")
+        raise ConfigError(
+            source, "kind", f"must be one of {', '.join(_SCHEMAS)} (got {short(kind)})"
+        )
     try:
         spec = _SCHEMAS[kind].model_validate(data)
     except ValidationError as e:
         problems = [_describe(err) for err in e.errors()]
         first_path, _, first_problem = problems[0].partition(": ")
-        rest = "".join(f"; {p}" for p in problems[1:])
+        rest = "".join(f"; {p}" for p in problems[1:_MAX_PROBLEMS])
+        if len(problems) > _MAX_PROBLEMS:
+            rest += f"; and {len(problems) - _MAX_PROBLEMS} more"
         raise ConfigError(source, first_path, first_problem + rest) from None
     return spec.build()
 
@@ -281,21 +297,10 @@ def load_file(path: str | Path) -> Hardware:
     """Load a hardware description from a YAML file.
 
     Raises:
-        ConfigError: the file is missing, is not YAML, or does not validate.
+        ConfigError: the file is missing, is not YAML (or breaks a bound of
+            :func:`fusekit.files.load_yaml`), or does not validate.
     """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(str(path), "", f"cannot read file ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(str(path), "", f"not valid YAML: {problem}{where}") from None
-    return parse(data, str(path))
+    return parse(load_yaml(path), str(path))
 
 
 def preset_names() -> list[str]:
