@@ -335,3 +335,45 @@ def test_native_mac_energy_follows_the_unit_class():
     assert native["energy_pj"]["macengine-GEMM"] == pytest.approx(256 * 1024 * 4096 * 0.2296,
                                                                    rel=1e-6)  # fmt: skip
     assert native["total_cycles"] == comet["total_cycles"]
+
+
+def test_native_reads_simd_costs_from_the_arch(tmp_path):
+    """README quirk 10: COMET's SIMD costs are constants; native reads the arch's where given."""
+    import shutil
+
+    import yaml
+
+    from fusekit.accel.comet import Compat
+
+    case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok1"
+    mine = tmp_path / "case"
+    shutil.copytree(case, mine)
+    arch = yaml.safe_load((mine / "arch.yaml").read_text())
+
+    def simd_tiles(doc):
+        if isinstance(doc, dict):
+            if doc.get("name") == "VSIMD":
+                yield doc
+            for v in doc.values():
+                yield from simd_tiles(v)
+        elif isinstance(doc, list):
+            for v in doc:
+                yield from simd_tiles(v)
+
+    tiles = list(simd_tiles(arch))
+    assert tiles
+    for t in tiles:
+        t.setdefault("attributes", {}).update(op_cycles={"exp": 6}, op_energy_pj={"exp": 7.72})
+    (mine / "arch.yaml").write_text(yaml.safe_dump(arch))
+    comet, given = evaluate(case), evaluate(mine)
+    assert given["total_cycles"] == comet["total_cycles"]  # COMET ignores them
+    assert given["energy_pj"] == comet["energy_pj"]
+    native = Compat().without("simd_constants")
+    base, own = evaluate(case, compat=native), evaluate(mine, compat=native)
+    assert base["energy_pj"] == comet["energy_pj"]  # no arch costs: COMET's constants
+    assert own["energy_pj"]["SE-EXP1"] == pytest.approx(2 * base["energy_pj"]["SE-EXP1"], rel=1e-6)
+    assert own["energy_pj"]["SE-DIV"] == base["energy_pj"]["SE-DIV"]
+    exp_units = [u for u in own["cycles"] if "EXP" in u]
+    assert exp_units
+    for u in exp_units:  # twice the cycles per instruction: twice the compute (TMW) part
+        assert own["cycles"][u]["TMW"] == 2 * base["cycles"][u]["TMW"]

@@ -30,6 +30,10 @@ DEVIATIONS: dict[str, str] = {
     "energy_by_name": "a compute unit's energy formula is picked by its tile's name "
     "(SystolicArray: MACs, VSIMD: SIMD ops; any other name, e.g. example_run's GEMM: "
     "compute_energy per instance; README quirk 6) -- native: by its class (mac, simd)",
+    "simd_constants": "SIMD cycles and energies per op are constants of COMET's code (README "
+    "quirk 10): an arch cannot give its own -- native: the SIMD unit's `op_cycles` and "
+    "`op_energy_pj` maps (op type -> cycles per instruction, pJ per lane) where the arch gives "
+    "them, COMET's constants for the ops they leave out",
     "port_overwrite": "when merging levels, the first level's write-port stalls overwrite its "
     "read-port stalls instead of taking the larger -- native: the larger",
 }
@@ -47,6 +51,7 @@ class Compat:
     port_overwrite: bool = True
     tag_instances: bool = True
     energy_by_name: bool = True
+    simd_constants: bool = True
 
     @classmethod
     def native(cls) -> Compat:

@@ -438,12 +438,44 @@ def build_movements(inp: TreeMapping, nests: Nests) -> dict[int, list[list[Move]
 # --- stage 4: steady state --------------------------------------------------------------------
 
 
-def compute_cycles(level: Level, op: TreeNode) -> int:
+def simd_instructions(level: Level, op: TreeNode) -> int:
+    r"""SIMD instructions of one tile primitive: one per ``width x T`` elements.
+
+    .. math:: n_{instr} = \lceil |prim| / (width \cdot T) \rceil
+
+    with ``T`` the product of the op's reduction factors (COMET's float32 arithmetic).
+    """
+    width = int(level.attrs.get("computeWidth", 8))
+    red = f32(1)
+    for d in op.red_dims:
+        red = f32(red * f32(op.red_factors[d]))
+    elems = math.prod(op.primitive.values())
+    return math.ceil(f32(f32(elems) / f32(f32(width) * red)))
+
+
+def simd_op_cycles(level: Level, op_type: str, from_arch: bool = False) -> int:
+    """Cycles of one SIMD instruction of ``op_type``.
+
+    COMET's constants (row reductions: ``ceil(log2 width)``), or with ``from_arch`` the unit's
+    ``op_cycles`` where it gives one.
+    """
+    given = level.attrs.get("op_cycles") if from_arch else None
+    if isinstance(given, dict) and op_type in given:
+        return int(given[op_type])
+    if op_type in ("rowsum", "rowmax"):
+        return math.ceil(math.log2(int(level.attrs.get("computeWidth", 8))))
+    if op_type in SIMD_CYCLES:
+        return SIMD_CYCLES[op_type]
+    raise TreeModelError(f"op type {op_type} is not a SIMD op")
+
+
+def compute_cycles(level: Level, op: TreeNode, arch_costs: bool = False) -> int:
     """Cycles of one tile primitive of ``op`` on compute ``level`` (COMET's compute classes).
 
     Systolic array (ScaleSim): ``(2R + C + T - 2)`` per fold, folds over the ``R x C`` arrays
     of the two dims left after dropping the reduction factor ``T``; vector SIMD: the op's cycles
-    per instruction, one instruction per ``width x T`` elements.
+    per instruction (:func:`simd_op_cycles`; ``arch_costs``: the arch's where it gives them)
+    times :func:`simd_instructions`.
     """
     a = level.attrs
     if level.kind == "SystolicArray":
@@ -462,18 +494,11 @@ def compute_cycles(level: Level, op: TreeNode) -> int:
             folds *= math.ceil(v / n) if i < 2 else 1
         return folds * (2 * rows + cols + t - 2)
     if level.kind == "VSIMD":
-        width = int(a.get("computeWidth", 8))
-        if op.op_type in ("rowsum", "rowmax"):
-            cyc = math.ceil(math.log2(width))
-        elif op.op_type in SIMD_CYCLES:
-            cyc = SIMD_CYCLES[op.op_type]
-        else:
-            raise TreeModelError(f"{op.label}: op type {op.op_type} is not a SIMD op")
-        red = f32(1)
-        for d in op.red_dims:
-            red = f32(red * f32(op.red_factors[d]))
-        elems = math.prod(op.primitive.values())
-        return cyc * math.ceil(f32(f32(elems) / f32(f32(width) * red)))
+        try:
+            cyc = simd_op_cycles(level, op.op_type, arch_costs)
+        except TreeModelError as e:
+            raise TreeModelError(f"{op.label}: {e}") from None
+        return cyc * simd_instructions(level, op)
     if level.kind == "GEMM":
         lat = int(a.get("startupLatency", 0))
         if len(op.primitive) == 3:
@@ -1061,7 +1086,7 @@ class SteadyState:
             child = self.arch.levels[node.childs[t]]
             if not child.is_compute:
                 raise TreeModelError(f"{node.label}: the child of an op's tile must compute")
-            cyc = compute_cycles(child, op)
+            cyc = compute_cycles(child, op, not self.compat.simd_constants)
             ports = self.target_child_cost(node, t, cyc, 0, True, [cyc] * n_it)
             tt = 1 if nest.rw[t] else 0
             c = ports[tt]
@@ -1237,7 +1262,10 @@ class Energy:
             return a.mac_pj
         if simd:
             width = int(spec.attrs.get("computeWidth", 8))
-            if a.op_type in ("rowsum", "rowmax"):
+            given = None if self.compat.simd_constants else spec.attrs.get("op_energy_pj")
+            if isinstance(given, dict) and a.op_type in given:
+                per = float(f32(float(given[a.op_type])))
+            elif a.op_type in ("rowsum", "rowmax"):
                 base = 0.11 if a.op_type == "rowsum" else 0.0025
                 per = float(f32(base * math.ceil(math.log2(width))))
             elif a.op_type in SIMD_PJ:
@@ -1459,7 +1487,7 @@ def _total_nodes(arch: Any, name: str) -> int:
         name = top.name
 
 
-def ideal_op_cycles(inp: TreeMapping) -> dict[str, int]:
+def ideal_op_cycles(inp: TreeMapping, arch_costs: bool = False) -> dict[str, int]:
     r"""COMET's ideal compute cycles per op: a function of the tree alone, no stage run.
 
     .. math::
@@ -1468,7 +1496,8 @@ def ideal_op_cycles(inp: TreeMapping) -> dict[str, int]:
 
     with ``|op|`` the op's iteration space, ``t_prim`` one primitive's cycles on its unit and
     ``n_units`` the unit's instances across the chip. Their sum is the mapper's lower bound on
-    the total cycles (:meth:`fusekit.accel.comet.space.Space.lower_bound`).
+    the total cycles (:meth:`fusekit.accel.comet.space.Space.lower_bound`). ``arch_costs``: SIMD
+    cycles from the arch where it gives them (the native model, :func:`compute_cycles`).
     """
     prob, arch = inp.problem, inp.arch
     ideal: dict[str, int] = {}
@@ -1480,7 +1509,8 @@ def ideal_op_cycles(inp: TreeMapping) -> dict[str, int]:
         spec = prob.ops[op.op_name]
         space = math.prod(prob.sizes[d] for d in (spec.dims or range(len(prob.dims))))
         steps = space // math.prod(op.primitive.values())
-        ideal[op.op_name] = steps * compute_cycles(unit, op) // _total_nodes(arch, unit.name)
+        cyc = compute_cycles(unit, op, arch_costs)
+        ideal[op.op_name] = steps * cyc // _total_nodes(arch, unit.name)
     return dict(sorted(ideal.items()))
 
 
@@ -1491,7 +1521,7 @@ def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict
 
         u_{unit} = \sum_{op \text{ on unit}} t_{op} / t_{root}
     """
-    ideal = ideal_op_cycles(ss.inp)
+    ideal = ideal_op_cycles(ss.inp, not ss.compat.simd_constants)
     unit_of = {
         node.children[0].op_name: node.childs[0] for node in _pre_order(root) if node.is_leaf_tile
     }

@@ -219,19 +219,23 @@ class Space:
             return False
         return True
 
-    def lower_bound(self, tiling: Tiling, dims: dict[str, int]) -> int:
+    def lower_bound(
+        self, tiling: Tiling, dims: dict[str, int], compat: Compat | None = None
+    ) -> int:
         """Cycles no evaluation of ``tiling`` can go below (see the module docstring).
 
         Cached per values of the constants the ``Operation`` nodes read, so a tree is built
-        once per distinct compute tile of a search.
+        once per distinct compute tile of a search. ``compat``: as :meth:`score` is given (the
+        native model reads SIMD cycles from the arch where it gives them).
         """
+        arch_costs = compat is not None and not compat.simd_constants
         const = constants(tiling, dims)
         if self._op_names is None:
             self._op_names = sorted(_op_constant_names(self.mapping_doc) & set(const))
-        key = (tuple(sorted(dims.items())), *(const[n] for n in self._op_names))
+        key = (arch_costs, tuple(sorted(dims.items())), *(const[n] for n in self._op_names))
         hit = self._bounds.get(key)
         if hit is None:
-            hit = sum(ideal_op_cycles(self.inputs(tiling, dims)).values())
+            hit = sum(ideal_op_cycles(self.inputs(tiling, dims), arch_costs).values())
             self._bounds[key] = hit
         return hit
 
@@ -284,7 +288,7 @@ class Space:
         compat = compat or Compat()
         fixed = fixed if fixed is not None else arch_constraints(self.arch)
         tilings = self.tilings(dims, fixed)
-        bounds = [self.lower_bound(t, dims) for t in tilings]
+        bounds = [self.lower_bound(t, dims, compat) for t in tilings]
         order = sorted(range(len(tilings)), key=lambda i: bounds[i])
         exact: dict[int, Scored] = {}
         best: Scored | None = None
