@@ -84,8 +84,15 @@ def read_text(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> str:
         ) from None
 
 
-def _clip(message: str) -> str:
-    """A library's error message on one line, cut to twice :data:`PREVIEW_CHARS`."""
+def clip(message: str) -> str:
+    """``message`` on one line, cut to twice :data:`PREVIEW_CHARS` characters.
+
+    Args:
+        message: an error message that may echo a file's content (a library's, or a parser's).
+
+    Returns:
+        The message with its whitespace runs made single spaces, ``...`` marking a cut.
+    """
     text = " ".join(message.split())
     limit = 2 * PREVIEW_CHARS
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -231,10 +238,10 @@ def parse_yaml(
     except _Reject as e:
         raise ConfigError(source, "", f"{e.problem}{_at(e.mark)}") from None
     except yaml.MarkedYAMLError as e:
-        problem = _clip(str(e.problem or e.context or "syntax error"))
+        problem = clip(str(e.problem or e.context or "syntax error"))
         raise ConfigError(source, "", f"not valid YAML: {problem}{_at(e.problem_mark)}") from None
     except (yaml.YAMLError, ValueError, TypeError) as e:  # e.g. a malformed timestamp
-        raise ConfigError(source, "", f"not valid YAML: {_clip(str(e))}") from None
+        raise ConfigError(source, "", f"not valid YAML: {clip(str(e))}") from None
     finally:
         loader.dispose()
 
@@ -316,7 +323,7 @@ def parse_json(text: str, source: str, max_depth: int = MAX_DEPTH) -> Any:
     except RecursionError:
         raise ConfigError(source, "", f"nested deeper than {max_depth} levels") from None
     except ValueError as e:  # a non-finite number, or an int past Python's digit limit
-        raise ConfigError(source, "", f"not valid JSON: {_clip(str(e))}") from None
+        raise ConfigError(source, "", f"not valid JSON: {clip(str(e))}") from None
     if _json_depth(data) > max_depth:
         raise ConfigError(source, "", f"nested deeper than {max_depth} levels")
     return data

@@ -31,11 +31,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fusekit.accel.collectives import MODELS, CollectiveKind, group_on_mesh
 from fusekit.accel.problem import Problem
 from fusekit.errors import ConfigError, FusekitError
+from fusekit.files import load_yaml_mapping, short
 from fusekit.hw import Accelerator
 
 
@@ -478,7 +477,7 @@ def _pairs(value: Any, source: str, path: str) -> tuple[tuple[str, int], ...]:
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value.values()
     ):
         raise ConfigError(
-            source, path, f"expected a mapping of variable to int >= 1 (got {value!r})"
+            source, path, f"expected a mapping of variable to int >= 1 (got {short(value)})"
         )
     return tuple((str(k), int(v)) for k, v in value.items())
 
@@ -490,7 +489,7 @@ def tree_from_dict(data: Any, source: str = "<mapping>", path: str = "root") -> 
         ConfigError: one line naming ``source``, the node path and the problem.
     """
     if not isinstance(data, TMapping):
-        raise ConfigError(source, path, f"expected a node mapping (got {data!r})")
+        raise ConfigError(source, path, f"expected a node mapping (got {short(data)})")
     keys = {"tile", "bind", "op", "collective"} & set(data)
     if len(keys) != 1:
         raise ConfigError(source, path, "expected exactly one of tile, bind, op, collective")
@@ -500,20 +499,20 @@ def tree_from_dict(data: Any, source: str = "<mapping>", path: str = "root") -> 
     )
     extra = set(data) - allowed
     if extra:
-        raise ConfigError(source, path, f"unexpected keys {sorted(extra)}")
+        raise ConfigError(source, path, f"unexpected keys {short(sorted(map(str, extra)))}")
     if key == "tile":
         tile = data["tile"]
         if not isinstance(tile, TMapping) or set(tile) - {"level", "temporal", "spatial", "order"}:
             raise ConfigError(source, f"{path}.tile", "expected level, temporal, spatial, order")
         level = tile.get("level")
         if level not in ("dram", "global", "output", "input", "weight"):
-            raise ConfigError(source, f"{path}.tile.level", f"unknown level {level!r}")
+            raise ConfigError(source, f"{path}.tile.level", f"unknown level {short(level)}")
         temporal = _pairs(tile.get("temporal", {}), source, f"{path}.tile.temporal")
         spatial = _pairs(tile.get("spatial", {}), source, f"{path}.tile.spatial")
         order = tile.get("order", [])
         if not isinstance(order, list) or not all(isinstance(v, str) for v in order):
             raise ConfigError(
-                source, f"{path}.tile.order", f"expected a list of variables (got {order!r})"
+                source, f"{path}.tile.order", f"expected a list of variables (got {short(order)})"
             )
         if "child" not in data:
             raise ConfigError(source, path, "a tile node needs a child")
@@ -525,7 +524,7 @@ def tree_from_dict(data: Any, source: str = "<mapping>", path: str = "root") -> 
         except ValueError:
             have = ", ".join(k.value for k in BindingKind)
             raise ConfigError(
-                source, f"{path}.bind", f"expected one of {have} (got {data['bind']!r})"
+                source, f"{path}.bind", f"expected one of {have} (got {short(data['bind'])})"
             ) from None
         children = data.get("children")
         if not isinstance(children, list) or not children:
@@ -543,16 +542,18 @@ def tree_from_dict(data: Any, source: str = "<mapping>", path: str = "root") -> 
     except ValueError:
         have = ", ".join(k.value for k in CollectiveKind)
         raise ConfigError(
-            source, f"{path}.collective", f"expected one of {have} (got {data['collective']!r})"
+            source,
+            f"{path}.collective",
+            f"expected one of {have} (got {short(data['collective'])})",
         ) from None
     model = data.get("model", "mesh")
     if model not in MODELS:
         raise ConfigError(
-            source, f"{path}.model", f"expected one of {', '.join(MODELS)} (got {model!r})"
+            source, f"{path}.model", f"expected one of {', '.join(MODELS)} (got {short(model)})"
         )
     for k in ("tensor", "over"):
         if not isinstance(data.get(k), str):
-            raise ConfigError(source, f"{path}.{k}", f"expected a name (got {data.get(k)!r})")
+            raise ConfigError(source, f"{path}.{k}", f"expected a name (got {short(data.get(k))})")
     return CollectiveNode(
         kind_c, data["tensor"], data["over"], str(data.get("reduce", "sum")), model
     )
@@ -570,14 +571,19 @@ def load_mapping_file(path: str | Path) -> tuple[dict[str, Any], Node]:
     Raises:
         ConfigError: the file, the node path and the problem.
     """
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), "", f"not valid YAML ({e})") from e
-    if not isinstance(data, dict) or "mapping" not in data or "problem" not in data:
-        raise ConfigError(str(path), "", "expected keys problem, mapping (and accelerator)")
-    return data, tree_from_dict(data["mapping"], str(path), "mapping")
+    source = str(path)
+    data = load_yaml_mapping(path)
+    for key in data:
+        if key not in ("problem", "mapping", "accelerator"):
+            raise ConfigError(
+                source, "", f"unknown field {short(key)} (expected problem, mapping, accelerator)"
+            )
+    if "mapping" not in data or "problem" not in data:
+        raise ConfigError(source, "", "expected keys problem, mapping (and accelerator)")
+    if not isinstance(data.get("accelerator", ""), str):
+        got = short(data["accelerator"])
+        raise ConfigError(source, "accelerator", f"expected a preset name or file (got {got})")
+    return data, tree_from_dict(data["mapping"], source, "mapping")
 
 
 def steps_of(problem: Problem, m: Mapping) -> int:

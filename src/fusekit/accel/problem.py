@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusekit.errors import ConfigError, expected
+from fusekit.files import clip, load_yaml, short, top_mapping
 from fusekit.ir import Access, Bin, Call, Const, Expr, IVar, Op, OpKind, Reduce, ReduceOp, parse_op
 
 StageKind = Literal["gemm", "simd"]
@@ -341,8 +341,7 @@ def problem_from_dict(data: Any, source: str = "<problem>") -> Problem:
     Raises:
         ConfigError: one line naming ``source``, the field and the problem.
     """
-    if not isinstance(data, dict):
-        raise ConfigError(source, "", f"expected a mapping (got {type(data).__name__})")
+    data = top_mapping(data, source)
     try:
         if "kind" in data:
             k = _KindSchema.model_validate(data)
@@ -351,18 +350,20 @@ def problem_from_dict(data: Any, source: str = "<problem>") -> Problem:
     except ValidationError as e:
         err = e.errors()[0]
         path = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(source, path, f"{err['msg']} (got {err.get('input')!r})") from e
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(source, path, "unknown field") from None
+        raise ConfigError(source, path, f"{err['msg']} (got {short(err.get('input'))})") from None
     try:
         return make_problem(c.name, c.ops, c.dims)
     except ValueError as e:
-        raise ConfigError(source, "ops", str(e)) from e
+        raise ConfigError(source, "ops", clip(str(e))) from None
 
 
 def load_problem(path: str | Path) -> Problem:
-    """Read a problem YAML file (see :func:`problem_from_dict`)."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), "", f"not valid YAML ({e})") from e
-    return problem_from_dict(data, str(path))
+    """Read a problem YAML file (see :func:`problem_from_dict`).
+
+    Raises:
+        ConfigError: one line naming the file: unreadable, not UTF-8, not valid YAML, a bound of
+            :func:`fusekit.files.load_yaml` broken, or a field missing, unknown or invalid.
+    """
+    return problem_from_dict(load_yaml(path), str(path))
