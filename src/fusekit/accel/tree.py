@@ -27,7 +27,8 @@ class TreeInputError(FusekitError, ValueError):
     def __init__(self, file: str, node: str, problem: str) -> None:
         self.file = file
         self.node = node
-        super().__init__(f"{file}: {node}: {problem}")
+        self.problem = problem
+        super().__init__(f"{file}: {node}: {problem}" if node else f"{file}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,9 +283,64 @@ def tree_to_dict(tm: TreeMapping) -> dict[str, Any]:
     }  # fmt: skip
 
 
+#: The keys :func:`tree_to_dict` writes, by part (a node's by kind); others are refused.
+_TREE_KEYS = {
+    "top": {"hierarchy", "chain", "tree"},
+    "level": {"rank", "kind", "compute", "instances", "attrs", "nets", "link"},
+    "net": {"mesh", "dims", "port_bw", "hop_latency", "broadcast", "reduction", "queuing_delay",
+            "channel_width"},
+    "chain": {"dims", "tensors", "ins", "outs", "ops"},
+    "op_spec": {"ins", "out", "dims", "read_write", "projections"},
+    "tile": {"id", "children", "tile", "order", "tensors"},
+    "tile_tensor": {"tensor", "tag", "from", "to", "bits", "rmw", "factors"},
+    "op": {"id", "children", "op", "type", "tensors", "primitive", "tile_steps", "reduce"},
+    "bind": {"id", "children", "bind"},
+    "collective": {"id", "children", "collective", "tensor", "out", "over", "reduce", "level",
+                   "child", "src", "dest", "bits", "tag", "spatial_factor", "write_back"},
+}  # fmt: skip
+
+
+def _known(d: Any, part: str, source: str, where: str) -> None:
+    """Refuse a key of ``d`` that :func:`tree_to_dict` does not write for ``part``."""
+    if not isinstance(d, dict):
+        raise TreeInputError(source, where, f"expected a mapping (got {type(d).__name__})")
+    extra = sorted(str(k) for k in d if k not in _TREE_KEYS[part])
+    if extra:
+        raise TreeInputError(source, where, f"unknown key {extra[0][:80]!r}")
+
+
+def _check_keys(doc: Any, source: str) -> None:
+    """Refuse keys that :func:`tree_to_dict` does not write, naming where they are."""
+    _known(doc, "top", source, "")
+    for name, v in (doc.get("hierarchy") or {}).items():
+        _known(v, "level", source, f"hierarchy.{name}")
+        for child, net in (v.get("nets") or {}).items():
+            _known(net, "net", source, f"hierarchy.{name}.nets.{child}")
+        if v.get("link"):
+            _known(v["link"], "net", source, f"hierarchy.{name}.link")
+    chain = doc.get("chain") or {}
+    _known(chain, "chain", source, "chain")
+    for name, o in (chain.get("ops") or {}).items():
+        _known(o, "op_spec", source, f"chain.ops.{name}")
+    stack = [(doc.get("tree") or {}, "tree")]
+    while stack:
+        d, where = stack.pop()
+        is_map = isinstance(d, dict)
+        kind = next((k for k in ("tile", "op", "bind") if is_map and k in d), "collective")
+        _known(d, kind, source, where)
+        for i, e in enumerate(d.get("tensors") or [] if kind == "tile" else []):
+            _known(e, "tile_tensor", source, f"{where}.tensors[{i}]")
+        stack.extend((c, f"{where}.children[{i}]") for i, c in enumerate(d.get("children") or []))
+
+
 def tree_from_dict(doc: dict[str, Any], source: str = "tree") -> TreeMapping:
-    """Read :func:`tree_to_dict`'s form back; a malformed document names the key."""
+    """Read :func:`tree_to_dict`'s form back; a malformed document names the key.
+
+    Raises:
+        TreeInputError: one line naming ``source``, where, and the problem (an unknown key too).
+    """
     try:
+        _check_keys(doc, source)
         levels = {
             name: Level(name, int(v["rank"]), str(v["kind"]), bool(v["compute"]),
                         dict(v["attrs"]), int(v["instances"]),
@@ -343,6 +399,8 @@ def tree_from_dict(doc: dict[str, Any], source: str = "tree") -> TreeMapping:
             return n
 
         root = node(doc["tree"], None)
+    except TreeInputError:
+        raise
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise TreeInputError(
             source, "-", f"not a fusekit mapping tree ({type(e).__name__}: {e})"

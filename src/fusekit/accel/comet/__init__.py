@@ -67,17 +67,12 @@ def evaluate(
     """
     d = Path(case_dir)
     if d.is_file():  # fusekit's own form of a tree (tree_to_dict), e.g. from --write-mapping
-        import yaml
-
+        from fusekit.accel.comet.files import _load
         from fusekit.accel.tree import tree_from_dict
 
         if isinstance(compat, bool):
             compat = Compat() if compat else Compat.native()
-        try:
-            doc = yaml.safe_load(d.read_text())
-        except yaml.YAMLError:
-            raise CometInputError(str(d), "-", "not valid YAML") from None
-        tm = tree_from_dict(doc if isinstance(doc, dict) else {}, str(d))
+        tm = tree_from_dict(_load(d), str(d))
         return analyse(tm, calc_noc=calc_noc_energy is not False, compat=compat)
     if calc_noc_energy is None:
         cmd = d / "command.txt"

@@ -25,8 +25,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fusekit.accel.tree import (
     Chain,
     Hierarchy,
@@ -37,6 +35,8 @@ from fusekit.accel.tree import (
     TreeMapping,
     TreeNode,
 )
+from fusekit.errors import ConfigError
+from fusekit.files import load_yaml_mapping
 
 OP_TYPES = ("gemm", "softmax", "max", "exp", "div", "add", "mult", "sqrt", "rowsum", "rowmax")
 COLLECTIVE_TYPES = ("broadcast", "reduction", "allgather", "allreduce", "scatter", "gather")
@@ -44,6 +44,39 @@ COLLECTIVE_TYPES = ("broadcast", "reduction", "allgather", "allreduce", "scatter
 
 #: A malformed COMET file: one line naming the file and the node.
 CometInputError = TreeInputError
+
+
+#: The keys COMET's own files use, by part (a mapping node's by its node_type); any other key is
+#: refused, so that a misspelt key is not silently ignored. Attribute maps stay open.
+KEYS: dict[str, frozenset[str]] = {
+    k: frozenset(v.split())
+    for k, v in {
+        "arch": "ComputeTiles MemoryTypes Hierarchy",
+        "spec": "name class attributes",
+        "level": "name type attributes is_compute connects drains fills",
+        "problem_file": "problem",
+        "problem": "dimensions instance io operations",
+        "io": "ins outs",
+        "op": "name dimensions ins out tensors",
+        "tensor": "name projection read-write",
+        "mapping_file": "mapping",
+        "constants_file": "const",
+        "datamovement_tile": "node_type type tensors target child tag precision rmw wb_output "
+        "permutation factors subtree",
+        "operation": "node_type type name tensors TilePrimitive TileSteps Scale compute_attributes "
+        "subtree",
+        "inter_tile_binding": "node_type binding subtree",
+        "collectiveoperation": "node_type type target child reduction_op dimension tag "
+        "spatial_factor precision src dest in_tensor out_tensor wb_output subtree",
+    }.items()
+}
+
+
+def _known(raw: dict[str, Any], part: str, file: str, where: str) -> None:
+    """Refuse a key of ``raw`` that COMET's files do not use for ``part`` (see :data:`KEYS`)."""
+    extra = sorted(str(k) for k in raw if k not in KEYS[part])
+    if extra:
+        raise CometInputError(file, where, f"unknown key {extra[0][:80]!r}")
 
 
 # --- arch -------------------------------------------------------------------------------------
@@ -72,11 +105,13 @@ def _network(attrs: dict[str, Any], file: str, node: str) -> Network:
 
 def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
     """Levels, specs and networks of an arch file (see the module docstring)."""
+    _known(doc, "arch", file, "")
     specs: dict[str, tuple[bool, dict[str, Any]]] = {}
     for key, compute in (("ComputeTiles", True), ("MemoryTypes", False)):
         for i, entry in enumerate(doc.get(key) or []):
             if not isinstance(entry, dict) or "name" not in entry:
                 raise CometInputError(file, f"{key}[{i}]", "expected a mapping with a 'name'")
+            _known(entry, "spec", file, f"{key}[{i}]")
             spec = dict(entry.get("attributes") or {})
             if "class" in entry:  # mac, simd, SRAM, DRAM: what the native model dispatches on
                 spec["class"] = str(entry["class"])
@@ -88,6 +123,7 @@ def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
         counter[0] += 1
         if not isinstance(entry, dict) or "name" not in entry or "type" not in entry:
             raise CometInputError(file, where, "expected a level with 'name' and 'type'")
+        _known(entry, "level", file, where)
         name = _strip(str(entry["name"]))
         attrs = dict(entry.get("attributes") or {})
         if parent is not None and "attributes" not in entry:
@@ -144,9 +180,12 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain
     p = doc.get("problem") if isinstance(doc, dict) else None
     if not isinstance(p, dict):
         raise CometInputError(file, "problem", "expected a 'problem' mapping")
+    _known(doc, "problem_file", file, "")
+    _known(p, "problem", file, "problem")
     io = p.get("io")
     if not isinstance(io, dict) or "ins" not in io or "outs" not in io:
         raise CometInputError(file, "problem.io", "expected 'ins' and 'outs'")
+    _known(io, "io", file, "problem.io")
     dims = tuple(str(d) for d in p.get("dimensions") or [])
     if not dims:
         raise CometInputError(file, "problem.dimensions", "expected a list of dimensions")
@@ -159,10 +198,14 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain
         where = f"problem.operations[{i}]"
         if not isinstance(op, dict) or "name" not in op:
             raise CometInputError(file, where, "expected an op with a 'name'")
+        _known(op, "op", file, where)
         name = str(op["name"])
         proj: dict[int, tuple[int, ...]] = {}
         rw = set()
         for j, t in enumerate(op.get("tensors") or []):
+            if not isinstance(t, dict):
+                raise CometInputError(file, f"{where}.tensors[{j}]", "expected a tensor mapping")
+            _known(t, "tensor", file, f"{where}.tensors[{j}]")
             tname = str(t.get("name"))
             if tname not in tensors:
                 tensors.append(tname)
@@ -250,6 +293,8 @@ def read_mapping(
         counter[0] += 1
         node.parent = parent
         where = f"{path} ({kind} node {node.id})"
+        if kind in KEYS:
+            _known(raw, kind, file, where)
         if kind == "datamovement_tile":
             node.kind = "tile"
             node.spatial = str(raw.get("type")) != "temporal"
@@ -335,6 +380,7 @@ def read_mapping(
     m = doc.get("mapping") if isinstance(doc, dict) else None
     if not isinstance(m, dict):
         raise CometInputError(file, "mapping", "expected a 'mapping' node")
+    _known(doc, "mapping_file", file, "")
     return visit(m, None, "mapping")
 
 
@@ -342,17 +388,11 @@ def read_mapping(
 
 
 def _load(path: Path) -> dict[str, Any]:
+    """The file's top-level mapping, read by :func:`fusekit.files.load_yaml_mapping`."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise CometInputError(str(path), "-", "file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "-"
-        raise CometInputError(str(path), where, "not valid YAML") from None
-    if not isinstance(doc, dict):
-        raise CometInputError(str(path), "-", "expected a YAML mapping")
-    return doc
+        return load_yaml_mapping(path)
+    except ConfigError as e:
+        raise CometInputError(str(path), e.path, e.problem) from None
 
 
 def read_case(case_dir: str | Path, arch_doc: dict[str, Any] | None = None) -> TreeMapping:
@@ -371,6 +411,7 @@ def read_case(case_dir: str | Path, arch_doc: dict[str, Any] | None = None) -> T
     const = docs["constants"].get("const")
     if not isinstance(const, dict):
         raise CometInputError(str(files["constants"]), "const", "expected a 'const' mapping")
+    _known(docs["constants"], "constants_file", str(files["constants"]), "")
     if arch_doc is None:
         arch = read_arch(docs["arch"], str(files["arch"]))
     else:
