@@ -293,7 +293,7 @@ def test_builtin_templates_are_the_shared_mappings(tmp_path):
 
 def test_shipped_examples_evaluate():
     examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
-    for op in ("gemm", "gemm_softmax", "gemm_layernorm"):
+    for op in ("gemm", "gemm_softmax", "gemm_layernorm", "attention"):
         d = examples / f"{op}_edge"
         own = __import__("yaml").safe_load((d / "fusekit.yaml").read_text())
         assert own["extents"] == {"M": 1, "N": 1024, "K": 128}
@@ -318,7 +318,7 @@ def test_fusekit_tree_form_round_trips(tmp_path):
     with pytest.raises(TreeInputError, match=r"bad\.yaml: -: not a fusekit mapping tree"):
         evaluate(bad)
     examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
-    for op in ("gemm", "gemm_softmax", "gemm_layernorm"):
+    for op in ("gemm", "gemm_softmax", "gemm_layernorm", "attention"):
         d = examples / f"{op}_edge"
         assert evaluate(d / "tree.yaml")["total_cycles"] == evaluate(d)["total_cycles"]
 
@@ -377,3 +377,28 @@ def test_native_reads_simd_costs_from_the_arch(tmp_path):
     assert exp_units
     for u in exp_units:  # twice the cycles per instruction: twice the compute (TMW) part
         assert own["cycles"][u]["TMW"] == 2 * base["cycles"][u]["TMW"]
+
+
+def test_attention_template_adds_pv_and_its_all_reduce():
+    """Attention: the softmax chain, then O = H V reduced over the split N, then all-reduce(O)."""
+    from fusekit.accel.comet import Compat
+    from fusekit.accel.comet.space import Space
+    from fusekit.accel.tree_model import analyse
+    from fusekit.hw import load
+    from fusekit.hw.cpu_gpu import plain
+
+    arch = plain(load("edge").comet_arch)
+    dims = {"M": 256, "N": 256, "K": 128}
+    tiling = {"M": (2, 1, 1, 4, 1, 1, 1, 32), "N": (1, 2, 2, 1, 2, 2, 1, 16),
+              "K": (1, 1, 1, 1, 1, 1, 1, 128)}  # fmt: skip
+    att = analyse(Space.builtin("attention", arch).inputs(tiling, dims), True, Compat.native())
+    sm = analyse(Space.builtin("gemm_softmax", arch).inputs(tiling, dims), True, Compat.native())
+    e = att["energy_pj"]
+    macs = 256 * 256 * 128 * 0.2296  # each GEMM: M x N x K MACs, charged once natively
+    assert e["GEMMEngine-GEMM"] == pytest.approx(macs, rel=1e-6)
+    assert e["GEMMEngine-GEMM2"] == pytest.approx(macs, rel=1e-6)
+    assert "GEMMEngine-GEMM2" not in sm["energy_pj"]
+    pv = [u for u in att["cycles"] if u.startswith("ALLREDUCE-")]
+    assert len(pv) == 3 and att["cycles"]["GEMM2"]["TMW"] > 0
+    assert att["total_cycles"] > sm["total_cycles"]
+    assert att["total_energy_pj"] > sm["total_energy_pj"]

@@ -116,7 +116,7 @@ def constants(tiling: Tiling, dims: dict[str, int]) -> dict[str, Any]:
         "M_Compute": m[7], "N_Compute": n[7], "K_Compute": k[7],
         "M_SE": m[6] * m[7], "N_SE": n[6], "K_SE": 1, "M_SM": 1, "N_SM": n[7],
         "K_SM": dims["K"], "red_dim_simd": "K", "red_dim_simd_val": dims["K"],
-        "red_dim": "M", "red_factor": m[7],
+        "red_dim": "M", "red_factor": m[7], "red_dim_pv": "N", "red_factor_pv": n[7],
     }  # fmt: skip
 
 

@@ -9,8 +9,11 @@ the constants :func:`fusekit.accel.comet.space.constants` writes.
 
 Ops: ``gemm``, ``gemm_softmax`` (ROWMAX, all-reduce(max), SUB, EXP1, all-reduce(add), ROWSUM,
 DIV) and ``gemm_layernorm`` (ROWSUM1, all-reduce(add), SUB, SQR, all-reduce(add), ROWSUM2,
-SQRT, DIV: no affine part, the 1/N not a separate op). COMET's placement of the second
-all-reduce on the exponentials (the tile) rather than on the row sums is kept (README quirk 4).
+SQRT, DIV: no affine part, the 1/N not a separate op) and ``attention`` (the Softmax chain,
+then ``O = H V`` on the GEMM engine over the same tiles, reduced over N, which the cores and
+the global buffers split, so an all-reduce(add) of O closes it; V's head width is K's).
+COMET's placement of the second all-reduce on the exponentials (the tile) rather than on the
+row sums is kept (README quirk 4).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import yaml
 
 ROW, TILE = ("M",), ("M", "N")
-SHAPES = {"A": ("M", "K"), "B": ("K", "N")}
+SHAPES = {"A": ("M", "K"), "B": ("K", "N"), "V": ("N", "K"), "O": ("M", "K")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,11 @@ LAYERNORM = (
      SimdOp("DIV", "div", ("E", "S"), "H", TILE, "H")),
 )  # fmt: skip
 CHAINS: dict[str, tuple[Any, ...]] = {"gemm": (), "gemm_softmax": SOFTMAX,
-                                      "gemm_layernorm": LAYERNORM}  # fmt: skip
+                                      "gemm_layernorm": LAYERNORM,
+                                      "attention": SOFTMAX}  # fmt: skip
+#: attention's second GEMM, ``O[M,K] = H[M,N] V[N,K]`` (the value head width is K's), reduced
+#: over N, which the cores and the global buffers split: an all-reduce(add) of O follows it
+PV = ("GEMM2", ("H", "V"), "O")
 
 
 def _shape(t: str, ops: list[SimdOp]) -> tuple[str, ...]:
@@ -102,21 +109,36 @@ def _seq() -> dict[str, str]:
     return {"node_type": "inter_tile_binding", "binding": "sequential"}
 
 
-def _gemm() -> dict[str, Any]:
+def _gemm(
+    name: str = "GEMM",
+    tensors: tuple[str, ...] = ("A", "B", "C"),
+    red: str = "red_dim",
+    factor: str = "red_factor",
+    bits: int = 8,
+) -> dict[str, Any]:
     op = {
-        "node_type": "Operation", "type": "GEMM", "tensors": ["A", "B", "C"],
+        "node_type": "Operation", "type": "GEMM", "tensors": list(tensors),
         "TilePrimitive": "M=M_Compute N=N_Compute K=K_Compute",
-        "TileSteps": {t: "M=M_Compute N=N_Compute K=K_Compute" for t in "ABC"},
-        "name": "GEMM",
-        "compute_attributes": {"reduction_dimensions": ["red_dim"],
-                               "reduction_factors": ["red_factor"], "rmw": True, "specd": True},
+        "TileSteps": {t: "M=M_Compute N=N_Compute K=K_Compute" for t in tensors},
+        "name": name,
+        "compute_attributes": {"reduction_dimensions": [red],
+                               "reduction_factors": [factor], "rmw": True, "specd": True},
     }  # fmt: skip
-    core = _tile("temporal", ["A", "B", "C"], ["GEMM"] * 3, ["IB", "WB", "OB"],
-                 ["GEMMEngine"] * 3, 8,
+    core = _tile("temporal", list(tensors), [name] * 3, ["IB", "WB", "OB"],
+                 ["GEMMEngine"] * 3, bits,
                  [_factors(3, "M_Core_temporal", "N_Core_temporal", "K_Core_temporal")], "MKN",
                  [op])  # fmt: skip
-    return _tile("spatial", ["A", "B", "C"], ["GEMM"] * 3, ["GB"] * 3, ["IB", "WB", "OB"], 8,
+    return _tile("spatial", list(tensors), [name] * 3, ["GB"] * 3, ["IB", "WB", "OB"], bits,
                  _spatial(3), "KNM", [core])  # fmt: skip
+
+
+def _allreduce(tag: str, red: str, tensor: str) -> dict[str, Any]:
+    return {
+        "node_type": "CollectiveOperation", "tag": tag, "target": "GB", "type": "allreduce",
+        "reduction_op": red, "dimension": "N", "src": ["GB"], "dest": ["GB"],
+        "wb_output": False, "in_tensor": tensor, "out_tensor": tensor, "precision": 16,
+        "child": "GB",
+    }  # fmt: skip
 
 
 def _simd_leaf(op: SimdOp) -> dict[str, Any]:
@@ -148,13 +170,8 @@ def mapping(op: str) -> dict[str, Any]:
     for i, group in enumerate(chain):
         if isinstance(group[0], str):  # a collective after the group on its left
             tag, red, tensor = group
-            children.append({
-                "node_type": "CollectiveOperation", "tag": tag, "target": "GB",
-                "type": "allreduce", "reduction_op": red, "dimension": "N", "src": ["GB"],
-                "dest": ["GB"], "wb_output": False, "in_tensor": tensor, "out_tensor": tensor,
-                "precision": 16, "child": "GB",
-            })  # fmt: skip
-            if i + 1 < len(chain) - 1:
+            children.append(_allreduce(tag, red, tensor))
+            if i + 1 < len(chain) - 1 or op == "attention":  # the last child reads 2 left
                 children.append(_seq())
             continue
         leaves = [_simd_leaf(o) for o in group]
@@ -167,16 +184,25 @@ def mapping(op: str) -> dict[str, Any]:
         )
         if i + 1 < len(chain):
             children.append(_seq())
+    io, tags = ["A", "B", out], ["GEMM", "GEMM", last]
+    childs = ["IB", "WB"] + ["OB"] * (len(gb_t) - 2)
+    if op == "attention":  # P V after the softmax, then the all-reduce of its partial sums
+        name, (h, v), o = PV
+        children += [_seq(), _gemm(name, (h, v, o), "red_dim_pv", "red_factor_pv", 16), _seq(),
+                     _allreduce("colop3", "add", o)]  # fmt: skip
+        gb_t, gb_tags, childs = [*gb_t, v, o], [*gb_tags, name, name], [*childs, "WB", "OB"]
+        io, tags = ["A", "B", v, o], ["GEMM", "GEMM", name, name]
     n = len(gb_t)
-    gb = _tile("temporal", gb_t, gb_tags, ["GB"] * n, ["IB", "WB"] + ["OB"] * (n - 2), 8,
+    gb = _tile("temporal", gb_t, gb_tags, ["GB"] * n, childs, 8,
                [_factors(n, "M_A_GB_temporal", "N_A_GB_temporal", "K_A_GB_temporal")], "KNM",
                children)  # fmt: skip
-    io = ["A", "B", out]
-    tags = ["GEMM", "GEMM", last]
-    dram_s = _tile("spatial", io, tags, ["DRAM"] * 3, ["GB"] * 3, 8, _spatial(3, level="DRAM"),
+    k = len(io)
+    dram_s = _tile("spatial", io, tags, ["DRAM"] * k, ["GB"] * k, 8, _spatial(k, level="DRAM"),
                    "KNM", [gb])  # fmt: skip
-    rows = "M=[M_A_DRAM_temporal,M_A_DRAM_temporal,M_H_DRAM_temporal] N=[1,1,1] K=[1,1,1]"
-    return {"mapping": _tile("temporal", io, tags, ["DRAM"] * 3, ["GB"] * 3, 8, [rows], "KNM",
+    m_rows = ",".join(["M_A_DRAM_temporal"] * (k - 1) + ["M_H_DRAM_temporal"])
+    ones = ",".join(["1"] * k)
+    rows = f"M=[{m_rows}] N=[{ones}] K=[{ones}]"
+    return {"mapping": _tile("temporal", io, tags, ["DRAM"] * k, ["GB"] * k, 8, [rows], "KNM",
                              [dram_s])}  # fmt: skip
 
 
@@ -197,8 +223,13 @@ def problem(op: str) -> dict[str, Any]:
                 "tensors": tensors}  # fmt: skip
 
     opers = [spec("GEMM", ("A", "B"), "C")] + [spec(o.name, o.ins, o.out) for o in ops]
+    ins, outs = "A,B", ops[-1].out if ops else "C"
+    if op == "attention":
+        name, pv_ins, outs = PV
+        opers.append(spec(name, pv_ins, outs))
+        ins = "A,B,V"
     body = {
-        "io": {"ins": "A,B", "outs": ops[-1].out if ops else "C"},
+        "io": {"ins": ins, "outs": outs},
         "dimensions": ["M", "N", "K"],
         "instance": {"M": "M", "N": "N", "K": "K"},
         "operations": opers,
