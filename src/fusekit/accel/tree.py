@@ -15,10 +15,13 @@ The shared description that :mod:`fusekit.accel.tree_model` evaluates (the COMET
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusekit.errors import FusekitError
+from fusekit.files import short
 
 
 class TreeInputError(FusekitError, ValueError):
@@ -29,6 +32,68 @@ class TreeInputError(FusekitError, ValueError):
         self.node = node
         self.problem = problem
         super().__init__(f"{file}: {node}: {problem}" if node else f"{file}: {problem}")
+
+
+def count(value: Any, file: str, where: str, name: str, low: int = 1) -> int:
+    """``value`` as an integer ``>= low`` (COMET writes some as text); else one error line.
+
+    Raises:
+        TreeInputError: naming the file, where and ``name``, when ``value`` is not an integer
+            (a bool, a float such as 1.5, a word) or is below ``low``.
+    """
+    number = None
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        try:
+            number = int(value)
+        except ValueError:
+            pass
+    if number is None or number < low:
+        problem = f"expected '{name}' to be an integer >= {low} (got {short(value)})"
+        raise TreeInputError(file, where, problem)
+    return number
+
+
+#: Attributes that COMET's files give as numbers: a word there is refused, not skipped.
+_NUMERIC_ATTRS = frozenset(
+    "array_cols array_rows capacity computeLatency computeOpC computeWidth compute_energy "
+    "computewidth datawidth num_sa_cols num_sa_rows startupLatency bw child_read_bw "
+    "child_read_energy child_write_bw child_write_energy depth link_read_bw link_write_bw "
+    "parent_read_bw parent_read_energy parent_write_bw parent_write_energy ports width "
+    "channel_width hop_latency meshX meshY queuing_delay".split()
+)
+
+
+def looks_numeric(text: str) -> bool:
+    """Whether ``text`` starts like a number (``12``, ``-3``): COMET writes some as text."""
+    return text.strip().lstrip("+-")[:1].isdigit()
+
+
+def check_attrs(attrs: Mapping[Any, Any], file: str, where: str, path: str = "") -> None:
+    """Check the numbers of an attribute map (nested maps too), by what the key names.
+
+    Energies (a key with ``energy`` or ``_pj``) are finite numbers ``>= 0``; latencies, delays
+    and cycles integers ``>= 0``; every other number (widths, depths, bandwidths, ports, mesh
+    sizes, counts) an integer ``>= 1``, as in every file COMET ships. Words and flags pass.
+
+    Raises:
+        TreeInputError: one line naming the file, where and the attribute.
+    """
+    for k, v in attrs.items():
+        name = f"{path}.{k}" if path else str(k)
+        low = name.lower()
+        if isinstance(v, Mapping):
+            check_attrs(v, file, where, name)
+        elif v is None or isinstance(v, bool):
+            continue  # a flag
+        elif isinstance(v, str) and not looks_numeric(v) and k not in _NUMERIC_ATTRS:
+            continue  # a word (class, connection_type)
+        elif "energy" in low or "_pj" in low:
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                problem = f"expected '{name}' to be a finite number >= 0 (got {short(v)})"
+                raise TreeInputError(file, where, problem)
+        else:
+            timing = any(w in low for w in ("latency", "delay", "cycles"))
+            count(v, file, where, name, 0 if timing else 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,17 +374,41 @@ def _known(d: Any, part: str, source: str, where: str) -> None:
         raise TreeInputError(source, where, f"unknown key {extra[0][:80]!r}")
 
 
-def _check_keys(doc: Any, source: str) -> None:
-    """Refuse keys that :func:`tree_to_dict` does not write, naming where they are."""
+def _check_net(net: Any, source: str, where: str) -> None:
+    _known(net, "net", source, where)
+    for key, low in (
+        ("port_bw", 1),
+        ("hop_latency", 0),
+        ("queuing_delay", 0),
+        ("channel_width", 1),
+    ):
+        count(net.get(key, low), source, where, key, low)
+    for size in net.get("dims") or []:
+        count(size, source, where, "dims", 1)
+
+
+def _counts(m: Any, source: str, where: str, low: int = 1) -> None:
+    """Every value of the mapping ``m`` (dim -> factor or size) an integer ``>= low``."""
+    for key, value in (m or {}).items() if isinstance(m, dict) else ():
+        count(value, source, where, str(key), low)
+
+
+def _check_form(doc: Any, source: str) -> None:
+    """Refuse keys that :func:`tree_to_dict` does not write and numbers out of range."""
     _known(doc, "top", source, "")
     for name, v in (doc.get("hierarchy") or {}).items():
-        _known(v, "level", source, f"hierarchy.{name}")
+        where = f"hierarchy.{name}"
+        _known(v, "level", source, where)
+        check_attrs(v.get("attrs") or {}, source, f"{where}.attrs")
+        count(v.get("rank", 0), source, where, "rank", 0)
+        count(v.get("instances", 1), source, where, "instances", 1)
         for child, net in (v.get("nets") or {}).items():
-            _known(net, "net", source, f"hierarchy.{name}.nets.{child}")
+            _check_net(net, source, f"{where}.nets.{child}")
         if v.get("link"):
-            _known(v["link"], "net", source, f"hierarchy.{name}.link")
+            _check_net(v["link"], source, f"{where}.link")
     chain = doc.get("chain") or {}
     _known(chain, "chain", source, "chain")
+    _counts(chain.get("dims"), source, "chain.dims")
     for name, o in (chain.get("ops") or {}).items():
         _known(o, "op_spec", source, f"chain.ops.{name}")
     stack = [(doc.get("tree") or {}, "tree")]
@@ -328,8 +417,26 @@ def _check_keys(doc: Any, source: str) -> None:
         is_map = isinstance(d, dict)
         kind = next((k for k in ("tile", "op", "bind") if is_map and k in d), "collective")
         _known(d, kind, source, where)
+        count(d.get("id", 0), source, where, "id", 0)
         for i, e in enumerate(d.get("tensors") or [] if kind == "tile" else []):
             _known(e, "tile_tensor", source, f"{where}.tensors[{i}]")
+            count(e.get("bits", 1), source, f"{where}.tensors[{i}]", "bits")
+            for f in e.get("factors") or []:
+                _counts(f, source, f"{where}.tensors[{i}].factors")
+        if kind == "op":
+            _counts(d.get("primitive"), source, f"{where}.primitive")
+            for t, steps in (d.get("tile_steps") or {}).items():
+                _counts(steps, source, f"{where}.tile_steps.{t}")
+            for pair in d.get("reduce") or []:
+                count(
+                    pair[1] if isinstance(pair, list) and len(pair) == 2 else 0,
+                    source,
+                    where,
+                    "reduce",
+                )
+        if kind == "collective":
+            count(d.get("bits", 1), source, where, "bits")
+            count(d.get("spatial_factor", 0), source, where, "spatial_factor", 0)
         stack.extend((c, f"{where}.children[{i}]") for i, c in enumerate(d.get("children") or []))
 
 
@@ -340,7 +447,7 @@ def tree_from_dict(doc: dict[str, Any], source: str = "tree") -> TreeMapping:
         TreeInputError: one line naming ``source``, where, and the problem (an unknown key too).
     """
     try:
-        _check_keys(doc, source)
+        _check_form(doc, source)
         levels = {
             name: Level(name, int(v["rank"]), str(v["kind"]), bool(v["compute"]),
                         dict(v["attrs"]), int(v["instances"]),

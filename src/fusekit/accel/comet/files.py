@@ -34,9 +34,12 @@ from fusekit.accel.tree import (
     TreeInputError,
     TreeMapping,
     TreeNode,
+    check_attrs,
+    count,
+    looks_numeric,
 )
 from fusekit.errors import ConfigError
-from fusekit.files import load_yaml_mapping
+from fusekit.files import load_yaml_mapping, short
 
 OP_TYPES = ("gemm", "softmax", "max", "exp", "div", "add", "mult", "sqrt", "rowsum", "rowmax")
 COLLECTIVE_TYPES = ("broadcast", "reduction", "allgather", "allreduce", "scatter", "gather")
@@ -89,12 +92,13 @@ def _strip(name: str) -> str:
 def _network(attrs: dict[str, Any], file: str, node: str) -> Network:
     if "bw" not in attrs:
         raise CometInputError(file, node, "expected a network 'bw' in attributes")
+    check_attrs(attrs, file, node)
     mesh = "meshX" in attrs
     dims = (int(attrs.get("meshX", 1)), int(attrs.get("meshY", 1))) if mesh else (1, 1)
     return Network(
         mesh=mesh,
         dims=dims,
-        port_bw=int(attrs["bw"]),
+        port_bw=count(attrs["bw"], file, node, "bw"),
         hop_latency=int(attrs.get("hop_latency", 1)),
         broadcast=bool(attrs.get("broadcast_support", False)),
         reduction=bool(attrs.get("reduction_support", False)),
@@ -113,6 +117,7 @@ def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
                 raise CometInputError(file, f"{key}[{i}]", "expected a mapping with a 'name'")
             _known(entry, "spec", file, f"{key}[{i}]")
             spec = dict(entry.get("attributes") or {})
+            check_attrs(spec, file, f"{key}[{i}] ({entry['name']})")
             if "class" in entry:  # mac, simd, SRAM, DRAM: what the native model dispatches on
                 spec["class"] = str(entry["class"])
             specs[str(entry["name"])] = (compute, spec)
@@ -126,6 +131,7 @@ def read_arch(doc: dict[str, Any], file: str) -> Hierarchy:
         _known(entry, "level", file, where)
         name = _strip(str(entry["name"]))
         attrs = dict(entry.get("attributes") or {})
+        check_attrs(attrs, file, f"{where} ({name})")
         if parent is not None and "attributes" not in entry:
             raise CometInputError(file, f"{where} ({name})", "expected 'attributes'")
         if name in levels and (entry.get("is_compute") or (parent is not None)):
@@ -168,11 +174,10 @@ def _names(text: Any) -> tuple[str, ...]:
 def _value(v: Any, const: dict[str, Any], file: str, node: str) -> int:
     key = str(v).strip()
     if key in const:
-        return int(const[key])
-    try:
-        return int(key)
-    except ValueError:
-        raise CometInputError(file, node, f"missing constant {key!r}") from None
+        return count(const[key], file, node, key)
+    if not looks_numeric(key):
+        raise CometInputError(file, node, f"missing constant {short(key)}")
+    return count(key, file, node, "a factor or size")
 
 
 def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain:
@@ -306,7 +311,9 @@ def read_mapping(
             for lv in node.targets + node.childs:
                 arch.level(lv, file, where)
             node.tags = [str(t) for t in lst(raw, "tag", n, "None", where)]
-            node.scale = [int(s) for s in lst(raw, "precision", n, 1, where)]
+            node.scale = [
+                count(s, file, where, "precision") for s in lst(raw, "precision", n, 1, where)
+            ]
             node.rmw = [bool(s) for s in lst(raw, "rmw", n, False, where)]
             perm = str(raw.get("permutation", ""))
             perm = str(const.get(perm, perm))
@@ -360,8 +367,10 @@ def read_mapping(
             )
             node.dim = prob.dim(str(raw.get("dimension")), file, where)
             node.tag = str(raw.get("tag", ""))
-            node.spatial_factor = int(raw.get("spatial_factor", 0))
-            node.precision = int(raw.get("precision", 1))
+            node.spatial_factor = count(
+                raw.get("spatial_factor", 0), file, where, "spatial_factor", 0
+            )
+            node.precision = count(raw.get("precision", 1), file, where, "precision")
             node.src = [arch.level(str(s), file, where).name for s in raw.get("src") or []]
             node.dest = [arch.level(str(s), file, where).name for s in raw.get("dest") or []]
             node.in_tensor = prob.tid(str(raw.get("in_tensor")), file, where)
