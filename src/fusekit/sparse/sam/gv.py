@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fusekit.errors import FusekitError
+from fusekit.files import read_text
 
 #: Attributes that only draw; the reader drops them and the writer makes its own.
 DRAWING = frozenset({"label", "color", "shape", "style", "comment"})
@@ -350,8 +351,13 @@ def parse_gv(text: str, source: str = "<graph>") -> SamGraph:
 
 
 def read_gv(path: str | Path) -> SamGraph:
-    """Read a SAM graph file (see :func:`parse_gv`)."""
-    return parse_gv(Path(path).read_text(), str(path))
+    """Read a SAM graph file (see :func:`parse_gv`).
+
+    Raises:
+        ConfigError: the file is unreadable, too large or not UTF-8 (one line naming it).
+        SamGraphError: the graph is malformed.
+    """
+    return parse_gv(read_text(path), str(path))
 
 
 # --- writer ------------------------------------------------------------------------------------
