@@ -7,20 +7,22 @@ import pytest
 from fusekit.search import TuningCache
 from fusekit.search.cache import CACHE_VERSION
 
+A, B, C = ('{"p":"a"}', '{"p":"b"}', '{"p":"c"}')  # point keys: compact JSON objects
+
 
 def _record(cache: TuningCache, key: str = "p1", points=None, features=(1.0, 2.0)) -> None:
-    cache.record("hw", key, "fp32,sum", features, points or {"a": 2.0, "b": 1.0}, {"n": 3})
+    cache.record("hw", key, "fp32,sum", features, points or {A: 2.0, B: 1.0}, {"n": 3})
 
 
 def test_record_lookup_best_and_meta(tmp_path):
     cache = TuningCache(tmp_path / "t.json")
     assert cache.lookup("hw", "p1") is None
     _record(cache)
-    _record(cache, points={"c": 0.5})  # merged, not replaced
+    _record(cache, points={C: 0.5})  # merged, not replaced
     entry = cache.lookup("hw", "p1")
     assert entry is not None
-    assert dict(entry.points) == {"a": 2.0, "b": 1.0, "c": 0.5}
-    assert entry.best() == ("c", 0.5)
+    assert dict(entry.points) == {A: 2.0, B: 1.0, C: 0.5}
+    assert entry.best() == (C, 0.5)
     assert entry.meta == {"n": 3}
     assert cache.lookup("other-hw", "p1") is None
 
@@ -29,7 +31,7 @@ def test_nearest_answers_similar_problems_of_the_same_group(tmp_path):
     cache = TuningCache(tmp_path / "t.json")
     _record(cache, "near", features=(1.0, 1.0))
     _record(cache, "far", features=(5.0, 5.0))
-    cache.record("hw", "max", "fp32,max", (1.0, 1.0), {"a": 1.0})
+    cache.record("hw", "max", "fp32,max", (1.0, 1.0), {A: 1.0})
     entry, dist = cache.nearest("hw", "fp32,sum", (1.5, 1.0))
     assert entry.key == "near" and dist == pytest.approx(0.5)
     assert cache.nearest("hw", "fp32,sum", (1.5, 1.0), max_distance=0.1) is None
@@ -88,7 +90,7 @@ def test_malformed_entries_are_skipped(tmp_path):
 def _writer(path: str, worker: int, n: int) -> None:
     cache = TuningCache(path)
     for i in range(n):
-        cache.record("hw", "shared", "g", (0.0,), {f"w{worker}-{i}": float(i + 1)})
+        cache.record("hw", "shared", "g", (0.0,), {f'{{"w":"{worker}-{i}"}}': float(i + 1)})
 
 
 def test_two_processes_recording_at_once_lose_nothing(tmp_path):
