@@ -6,9 +6,11 @@ The flow of :func:`tune`::
     space = cpu_space | gpu_space     every strategy x plan knobs x launch knobs (candidates)
     predicted = model.predict(...)    one number per point, no kernel runs (fusekit.gms.model)
     chosen = best point of every strategy, then the next best overall, up to the budget
-    measure chosen points             in an Executor (serial, local processes, Ray); every point
+    measure chosen points             in an Executor (serial, local processes, Ray); every batch
                                       goes into the TuningCache as soon as it is measured, and
-                                      points already there are not measured again (resumable)
+                                      points already there are not measured again (resumable);
+                                      the cache is read through check_point/check_coef, so a
+                                      corrupt or planted part is never used
     best measured point -> TuneResult
 
 ``exhaustive=True`` measures every point, for comparison (``benchmarks/gms_search.py``).
@@ -16,18 +18,19 @@ The flow of :func:`tune`::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fusekit.errors import expected
 from fusekit.gms import model
-from fusekit.gms.candidates import Config, config_of, cpu_space, gpu_space
+from fusekit.gms.candidates import Config, Strategy, config_of, cpu_space, gpu_space
 from fusekit.gms.features import Features, features, signature
 from fusekit.search.executor import Executor, SerialExecutor
 from fusekit.search.measure import time_call
@@ -73,7 +76,16 @@ def space_of(f: Features, target: CPUTarget | GPUTarget) -> Space:
     return gpu_space(f.reduce, target.shared_mem_per_sm_bytes, f.k, f.m, elem)
 
 
-_SPACES: dict[tuple[Any, ...], tuple[list[Point], list[Config]]] = {}
+_SPACES: dict[tuple[Any, ...], tuple[list[Point], list[Config], frozenset[str]]] = {}
+
+
+def _space(f: Features, target: CPUTarget | GPUTarget) -> tuple[list[Point], list[Config], Any]:
+    key = (target.name, target.parallel_units, f.reduce, f.dtype, f.k, f.m)
+    if key not in _SPACES:
+        points = space_of(f, target).points()
+        keys = frozenset(point_key(p) for p in points)
+        _SPACES[key] = (points, [config_of(p) for p in points], keys)
+    return _SPACES[key]
 
 
 def space_configs(f: Features, target: CPUTarget | GPUTarget) -> tuple[list[Point], list[Config]]:
@@ -82,11 +94,72 @@ def space_configs(f: Features, target: CPUTarget | GPUTarget) -> tuple[list[Poin
     Spaces depend only on the target, the reduce, the dtype and the widths, so the tuner, the
     selector and the commands share one enumeration (treat the lists as read-only).
     """
-    key = (target.name, target.parallel_units, f.reduce, f.dtype, f.k, f.m)
-    if key not in _SPACES:
-        points = space_of(f, target).points()
-        _SPACES[key] = (points, [config_of(p) for p in points])
-    return _SPACES[key]
+    points, configs, _ = _space(f, target)
+    return points, configs
+
+
+def space_keys(f: Features, target: CPUTarget | GPUTarget) -> frozenset[str]:
+    """The point keys of a problem's space: a cached point outside them is never used."""
+    keys: frozenset[str] = _space(f, target)[2]
+    return keys
+
+
+# ---- what a tuning cache may hold for gms (the cache itself checks only generic types) ----
+
+
+@functools.cache
+def _knobs(kind: str) -> dict[str, tuple[Any, ...]]:
+    """Knob name -> legal values of the CPU or GPU spaces (values that depend on no problem)."""
+    space = cpu_space("sum", 1) if kind == "cpu" else gpu_space("sum", 1 << 30, 1 << 20, 1 << 20, 4)
+    return {k.name: k.values for k in space.knobs}
+
+
+def check_point(point: Mapping[str, Any]) -> None:
+    """Raise unless ``point`` is a point of some gms CPU or GPU space.
+
+    The strategy must be a known one; every other knob must be one of its legal values, with
+    the CPU ``threads`` any int >= 1 (the legal set depends on the machine).
+
+    Raises:
+        ValueError: an unknown strategy, missing or extra knobs, or an illegal value.
+    """
+    if not isinstance(point.get("strategy"), str):
+        raise ValueError(
+            expected("gms cache", "strategy", "a strategy name", point.get("strategy"))
+        )
+    Strategy.parse(point["strategy"])
+    knobs = _knobs("cpu" if "threads" in point else "gpu")
+    if set(point) != set(knobs):
+        raise ValueError(
+            expected("gms cache", "point", f"the knobs {sorted(knobs)}", sorted(point))
+        )
+    for name, values in knobs.items():
+        value = point[name]
+        if name == "threads":
+            legal = type(value) is int and value >= 1
+        else:
+            legal = name == "strategy" or any(type(value) is type(v) and value == v for v in values)
+        if not legal:
+            raise ValueError(expected("gms cache", name, "a legal value", repr(value)))
+
+
+def check_coef(coef: Mapping[str, float]) -> None:
+    """Raise unless ``coef`` names only model terms, each > 0 (as :func:`model.fit` returns).
+
+    Raises:
+        ValueError: an unknown term or a coefficient that is not > 0.
+    """
+    unknown = sorted(set(coef) - set(model.TERMS))
+    if unknown:
+        raise ValueError(expected("gms cache", "coef", "model terms only", unknown))
+    bad = {name: c for name, c in coef.items() if not c > 0}
+    if bad:
+        raise ValueError(expected("gms cache", "coef", "> 0", bad))
+
+
+def checked(cache: TuningCache) -> TuningCache:
+    """``cache`` read with the gms checks (:func:`check_point`, :func:`check_coef`)."""
+    return cache.with_checks(check_point, check_coef)
 
 
 def features_meta(f: Features) -> dict[str, Any]:
@@ -96,18 +169,41 @@ def features_meta(f: Features) -> dict[str, Any]:
     return {"features": asdict(f)}
 
 
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
 def features_from_meta(meta: dict[str, Any]) -> Features | None:
-    """The inverse of :func:`features_meta` (None for entries written without it)."""
+    """The inverse of :func:`features_meta` (None for entries written without it or corrupt).
+
+    Every field is checked: counts are ints >= 0, the dtype, reduce and scale flag are known
+    values; anything else (as a corrupt cache may hold) gives None.
+    """
+    from dataclasses import fields
+
     raw = meta.get("features")
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) or set(raw) != {fl.name for fl in fields(Features)}:
         return None
-    try:
-        values = dict(raw)
-        for name in ("segment_pairs", "transform_segment_rows", "aggregate_segment_rows"):
-            values[name] = tuple(int(v) for v in values[name])
-        return Features(**values)
-    except (KeyError, TypeError, ValueError):
+    values = dict(raw)
+    for name in ("segment_pairs", "transform_segment_rows", "aggregate_segment_rows"):
+        if not isinstance(values[name], list) or not all(_count(v) for v in values[name]):
+            return None
+        values[name] = tuple(values[name])
+    text = {"dtype": ("fp32", "bf16", "fp16", "fp64"), "reduce": ("sum", "mean", "max")}
+    for name, value in values.items():
+        if name in text:
+            ok = value in text[name]
+        elif name == "has_scale":
+            ok = type(value) is bool
+        elif name == "aggregate_rows":
+            ok = value is None or _count(value)
+        else:
+            ok = isinstance(value, tuple) or _count(value)
+        if not ok:
+            return None
+    if min(values["k"], values["m"]) < 1:
         return None
+    return Features(**values)
 
 
 # ---- measuring (module-level so that process pools and Ray can run it) ----
@@ -127,8 +223,6 @@ class MeasureTask:
         has_scale: whether to pass a per-pair scale.
         points: the points to measure.
         repeats: timed calls per point (after one warm-up).
-        cache_path: the tuning cache each result is written to at once, or None.
-        cache_record: ``(hardware, key, group, features, meta)`` of the cache entry.
     """
 
     key: str
@@ -140,8 +234,6 @@ class MeasureTask:
     has_scale: bool
     points: tuple[Point, ...]
     repeats: int
-    cache_path: str | None = None
-    cache_record: tuple[str, str, str, tuple[float, ...], dict[str, Any]] | None = None
 
 
 _PLANS: OrderedDict[tuple[str, tuple[int, int, str]], GMSPlan] = OrderedDict()
@@ -209,20 +301,13 @@ def run_config(
 
 
 def measure_task(task: MeasureTask) -> list[float]:
-    """Median seconds of each point of ``task``; each written to the cache as soon as known."""
-    from fusekit.search.cache import TuningCache
-
+    """Median seconds of each point of ``task`` (the caller records them)."""
     args = (task.problem, task.k, task.m, task.dtype, task.device, task.has_scale)
     x, w, c = operands(task.key, *args)
-    cache = TuningCache(task.cache_path) if task.cache_path else None
     out = []
     for point in task.points:
         call = run_config(config_of(point), task.key, task.problem, x, w, c)
-        seconds = time_call(call, repeats=task.repeats).median_s
-        out.append(seconds)
-        if cache is not None and task.cache_record is not None:
-            hw, key, group, vector, meta = task.cache_record
-            cache.record(hw, key, group, vector, {point_key(point): seconds}, meta)
+        out.append(time_call(call, repeats=task.repeats).median_s)
     return out
 
 
@@ -323,7 +408,8 @@ def tune(
         exhaustive: measure every point instead.
         executor: runs the measurements; serial in this process when None. Points measured
             side by side on one machine disturb each other's timings: run a parallel executor
-            where its workers do not share cores (Ray across nodes, one worker per GPU).
+            only where its workers do not share cores (``RayExecutor(one_per_host=True)`` on a
+            cluster: one point per host at a time).
         cache: where measurements go (and are reused from); None measures without caching.
         coef: model coefficients; the cache's fitted ones, else :data:`model.DEFAULT_COEF`.
         repeats: timed calls per point.
@@ -348,6 +434,7 @@ def tune(
     if not (isinstance(budget, int | float)) or budget <= 0:
         raise ValueError(expected("gms tune", "budget", "a share in (0, 1) or a count", budget))
 
+    cache = checked(cache) if cache is not None else None
     f = features(plan(problem), k, m, getattr(torch, dtype), has_scale)
     hw, key = hardware_key(target), signature(problem, k, m, getattr(torch, dtype), has_scale)
     if coef is None and cache is not None:
@@ -361,19 +448,23 @@ def tune(
     entry = cache.lookup(hw, key) if cache is not None else None
     done = dict(entry.points) if entry is not None else {}
     todo = [p for p in chosen if point_key(p) not in done]
-    record = (hw, key, f.group, f.vector(), features_meta(f))
     executor = executor or SerialExecutor()
     step = max(1, executor.workers)
     measured = {point_key(p): done[point_key(p)] for p in chosen if point_key(p) in done}
     for i in range(0, len(todo), step):
         batch = todo[i : i + step]
-        path = str(cache.path) if cache else None
+        # workers return their times and this process records them: a Ray worker on another
+        # node has no access to this machine's cache file
         tasks = [
-            MeasureTask(key, problem, k, m, dtype, device, has_scale, (p,), repeats, path, record)
-            for p in batch
+            MeasureTask(key, problem, k, m, dtype, device, has_scale, (p,), repeats) for p in batch
         ]
-        for p, (seconds,) in zip(batch, executor.map(measure_task, tasks), strict=True):
-            measured[point_key(p)] = seconds
+        times = {
+            point_key(p): seconds
+            for p, (seconds,) in zip(batch, executor.map(measure_task, tasks), strict=True)
+        }
+        measured.update(times)
+        if cache is not None:
+            cache.record(hw, key, f.group, f.vector(), times, features_meta(f))
         if progress is not None:
             progress(min(i + step, len(todo)), len(todo))
     by_key = {point_key(p): p for p in points}
@@ -400,6 +491,7 @@ def refit(cache: TuningCache, target: CPUTarget | GPUTarget) -> dict[str, float]
     """
     import numpy as np
 
+    cache = checked(cache)
     hw = hardware_key(target)
     blocks, times = [], []
     for entry in cache.entries():

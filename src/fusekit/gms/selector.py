@@ -36,7 +36,7 @@ from fusekit.search.space import Point, point_key
 
 if TYPE_CHECKING:
     from fusekit.hw import CPUTarget, GPUTarget
-    from fusekit.search.cache import TuningCache
+    from fusekit.search.cache import Entry, TuningCache
 
 #: The shipped tree, trained by ``benchmarks/gms_select.py --train`` on this project's CPU.
 DEFAULT_TREE = "selector_tree.json"
@@ -286,21 +286,24 @@ def select(
     Raises:
         ValueError: unknown ``method``, or ``"tree"`` with no tree for this problem.
     """
-    from fusekit.gms.search import MODEL_NAME, hardware_key
+    from fusekit.gms.search import MODEL_NAME, checked, hardware_key
     from fusekit.hw import CPUTarget
 
     if method not in ("auto", "tree", "model"):
         raise ValueError(expected("select", "method", "auto, tree or model", repr(method)))
     hw = hardware_key(target) if cache is not None else ""
     if coef is None and cache is not None:
+    cache = checked(cache) if cache is not None else None
         coef = cache.model(hw, MODEL_NAME)
     if method == "auto" and cache is not None:
         entry = cache.lookup(hw, key) if key is not None else None
-        if entry is not None:
-            return _choice(json.loads(entry.best()[0]), "cache", f, target, coef)
+        point = _measured_best(entry, f, target) if entry is not None else None
+        if point is not None:
+            return _choice(point, "cache", f, target, coef)
         near = cache.nearest(hw, f.group, f.vector(), max_distance=NEAREST_DISTANCE)
-        if near is not None:
-            return _choice(json.loads(near[0].best()[0]), "nearest", f, target, coef)
+        point = _measured_best(near[0], f, target) if near is not None else None
+        if point is not None:
+            return _choice(point, "nearest", f, target, coef)
     if method != "model" and isinstance(target, CPUTarget):
         if tree is None:
             if not _TREE:
@@ -316,6 +319,18 @@ def select(
 
 def _choice(
     point: Point,
+def _measured_best(entry: Entry, f: Features, target: CPUTarget | GPUTarget) -> Point | None:
+    """The fastest measured point of ``entry`` that is a point of ``f``'s space, if any."""
+    from fusekit.gms.search import space_keys
+
+    legal = space_keys(f, target)
+    times = {k: t for k, t in entry.points.items() if k in legal}
+    if not times:
+        return None
+    best: Point = json.loads(min(times, key=lambda k: times[k]))
+    return best
+
+
     source: str,
     f: Features,
     target: CPUTarget | GPUTarget,
