@@ -291,9 +291,9 @@ def select(
 
     if method not in ("auto", "tree", "model"):
         raise ValueError(expected("select", "method", "auto, tree or model", repr(method)))
+    cache = checked(cache) if cache is not None else None
     hw = hardware_key(target) if cache is not None else ""
     if coef is None and cache is not None:
-    cache = checked(cache) if cache is not None else None
         coef = cache.model(hw, MODEL_NAME)
     if method == "auto" and cache is not None:
         entry = cache.lookup(hw, key) if key is not None else None
@@ -317,8 +317,6 @@ def select(
     return select_by_model(f, target, coef)
 
 
-def _choice(
-    point: Point,
 def _measured_best(entry: Entry, f: Features, target: CPUTarget | GPUTarget) -> Point | None:
     """The fastest measured point of ``entry`` that is a point of ``f``'s space, if any."""
     from fusekit.gms.search import space_keys
@@ -331,6 +329,8 @@ def _measured_best(entry: Entry, f: Features, target: CPUTarget | GPUTarget) -> 
     return best
 
 
+def _choice(
+    point: Point,
     source: str,
     f: Features,
     target: CPUTarget | GPUTarget,
