@@ -4,7 +4,8 @@
 bandwidth, fp32 peak and launch overhead are measured with torch, and whose core count and cache
 sizes are read from the operating system. The result is cached on disk, keyed by the machine
 (processor model, hardware threads, torch threads and version), and re-measured when the key
-changes, the cache is unreadable, or ``refresh=True``.
+changes, the cache is unreadable or fails the hardware schema (zero, negative, NaN or
+wrong-typed figures: one warning), or ``refresh=True``.
 
 Measured figures (best of several trials, as STREAM reports)::
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.paths import cache_dir, write_atomic
 
 T = TypeVar("T", CPUTarget, GPUTarget)
 
@@ -213,9 +215,8 @@ def _machine_key() -> dict[str, Any]:
 
 
 def default_cache_path(name: str = "hw-detect.json") -> Path:
-    """``$XDG_CACHE_HOME/fusekit/NAME`` (``~/.cache`` when the variable is unset)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "fusekit" / name
+    """``NAME`` in fusekit's cache folder (``$XDG_CACHE_HOME/fusekit`` on Linux)."""
+    return cache_dir(name)
 
 
 def _build(key: dict[str, Any], m: Measurements) -> CPUTarget:
@@ -239,38 +240,68 @@ def _build(key: dict[str, Any], m: Measurements) -> CPUTarget:
     )
 
 
+def _checked(fields: Any, cls: type[T]) -> T | str:
+    """The cached ``target`` fields as a ``cls``, or why they cannot be used."""
+    from pydantic import ValidationError
+
+    from fusekit.hw.load import CPUSchema, GPUSchema
+
+    if not isinstance(fields, dict) or not isinstance(fields.get("peak_flops_per_s"), dict):
+        return "'target' or its 'peak_flops_per_s' is not a mapping"
+    text = ("kind", "name", "description", "source", "peak_flops_per_s")
+    numbers = {f"target.{k}": v for k, v in fields.items() if k not in text}
+    numbers |= {f"target.peak_flops_per_s.{k}": v for k, v in fields["peak_flops_per_s"].items()}
+    for where, v in numbers.items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            return f"{where}: not a finite number (got {str(v)[:40]})"
+    schema = CPUSchema if cls is CPUTarget else GPUSchema
+    try:
+        target = schema.model_validate(fields, strict=True).build()
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"target.{where}: {first['msg']} (got {str(first.get('input'))[:40]})"
+    if not isinstance(target, cls):
+        return f"not a {cls.__name__}"
+    return target
+
+
 def load_cached(path: Path, key: dict[str, Any], cls: type[T]) -> T | None:
     """The target cached at ``path`` if it was measured on the machine ``key`` describes.
 
-    A missing, unreadable, corrupt or foreign-version cache gives ``None`` (logged), never an
-    error: the caller measures again.
+    The cache is untrusted input: every field is checked against the hardware schema
+    (:class:`~fusekit.hw.load.CPUSchema` or ``GPUSchema`` with strict types, every figure a
+    finite number, sizes and rates > 0). A missing or foreign (other machine or version) cache
+    gives ``None`` quietly; an unreadable, corrupt or implausible one gives ``None`` with one
+    warning. Either way the caller measures again and overwrites it; nothing in it is used.
     """
-    if not path.exists():
-        return None
     try:
-        blob = json.loads(path.read_text())
-        if blob.get("version") != CACHE_VERSION or blob.get("key") != key:
-            log.info("hw-detect cache %s is for another machine or version; re-measuring", path)
-            return None
-        fields = dict(blob["target"])
-        fields.pop("kind", None)
-        fields["peak_flops_per_s"] = MappingProxyType(dict(fields["peak_flops_per_s"]))
-        return cls(**fields)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("ignoring unreadable hw-detect cache %s (%s); re-measuring", path, e)
+        blob = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, RecursionError) as e:
+        log.warning("ignoring hw-detect cache %s: unreadable (%s); re-measuring", path, e)
+        return None
+    if not isinstance(blob, dict) or not isinstance(blob.get("key"), dict):
+        what = f"a {type(blob).__name__}" if not isinstance(blob, dict) else "no 'key' mapping"
+        log.warning("ignoring hw-detect cache %s: %s, not a cache; re-measuring", path, what)
+        return None
+    if blob.get("version") != CACHE_VERSION or blob["key"] != key:
+        log.info("hw-detect cache %s is for another machine or version; re-measuring", path)
+        return None
+    target = _checked(blob.get("target"), cls)
+    if isinstance(target, str):
+        log.warning("ignoring hw-detect cache %s: %s; re-measuring", path, target)
+        return None
+    return target
 
 
 def store(path: Path, key: dict[str, Any], target: CPUTarget | GPUTarget) -> None:
-    """Write the cache atomically: a temporary file in the same folder, then a rename."""
+    """Write the cache atomically (:func:`fusekit.paths.write_atomic`); a failure is logged."""
     blob = {"version": CACHE_VERSION, "key": key, "target": target.to_dict()}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hw-detect-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(blob, f, indent=2)
-        os.replace(tmp, path)
-    except OSError as e:
+        write_atomic(path, json.dumps(blob, indent=2, allow_nan=False))
+    except (OSError, ValueError) as e:
         log.warning("could not write hw-detect cache %s (%s)", path, e)
 
 

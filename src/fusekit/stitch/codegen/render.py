@@ -13,20 +13,22 @@ where the value lives in the kernel::
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import logging
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from fusekit import paths
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
 from fusekit.stitch.schemes import Layout, Role, Stage
 
 FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,33 +143,48 @@ def identity(op: str) -> float:
 
 def cache_dir() -> Path:
     """Where generated kernels are written (numba and Triton cache their code beside them)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "fusekit" / "stitch"
+    return paths.cache_dir("stitch")
 
 
 _MODULES: dict[str, ModuleType] = {}
 
 
-def load_generated(source: str, prefix: str) -> ModuleType:
-    """Write ``source`` to the cache (named by its hash) and import it, memoised by hash.
+def _current(path: Path, source: str) -> bool:
+    """Whether the file at ``path`` holds exactly ``source`` (a missing file does not)."""
+    try:
+        return path.read_bytes() == source.encode()
+    except FileNotFoundError:
+        return False
 
-    A real file, not ``exec``: numba's cache and ``triton.jit`` both read the defining module.
+
+def load_generated(source: str, prefix: str) -> ModuleType:
+    """Write ``source`` to the cache (named by its hash), verify it, import it; memoised by hash.
+
+    The cache folder is untrusted: a file already there is used only if its bytes are exactly
+    ``source`` (whose sha256 names it); a truncated, edited or planted file is replaced, with
+    one warning, through a temporary file and ``os.replace``. The module is compiled from
+    ``source`` itself, never from the file or a ``.pyc``. A real file, not ``exec`` alone:
+    numba's cache and ``triton.jit`` both read the defining module's file.
+
+    Raises:
+        OSError: the cache folder cannot be written.
     """
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     name = f"fusekit_stitch_{prefix}_{digest}"
     if name in _MODULES:
         return _MODULES[name]
     path = cache_dir() / f"{prefix}_{digest}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"stitch: cannot load generated kernel {path}")
-    module = importlib.util.module_from_spec(spec)
+    if not _current(path, source):
+        if path.exists() or path.is_symlink():
+            log.warning("generated kernel %s does not match its hash; regenerating it", path)
+        paths.write_atomic(path, source)
+    module = ModuleType(name)
+    module.__file__ = str(path)
     sys.modules[name] = module  # numba's cache re-imports the module by name
-    spec.loader.exec_module(module)
+    try:
+        exec(compile(source, str(path), "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
     _MODULES[name] = module
     return module
