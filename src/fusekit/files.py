@@ -102,7 +102,7 @@ def clip(message: str) -> str:
 
 
 class _Reject(Exception):
-    """A bound broken while composing or checking; carries the problem and where it is."""
+    """A bound broken while reading the document; carries the problem and where it is."""
 
     def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
         super().__init__(problem)
@@ -133,6 +133,16 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
             return node
         finally:
             self.depth -= 1
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        """Refuse a ``[`` or ``{`` past ``max_depth`` while scanning.
+
+        The scanner looks ahead up to 1,024 characters for a possible simple key at every open
+        flow collection, which is quadratic in the flow nesting: stop before it matters.
+        """
+        if self.flow_level >= self.max_depth:
+            raise _Reject(f"nested deeper than {self.max_depth} levels", self.get_mark())
+        super().fetch_flow_collection_start(token_class)
 
     def construct_finite_float(self, node: yaml.ScalarNode) -> float:
         """A YAML float, refused when infinite or NaN."""

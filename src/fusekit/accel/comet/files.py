@@ -174,7 +174,7 @@ def _names(text: Any) -> tuple[str, ...]:
 def _value(v: Any, const: dict[str, Any], file: str, node: str) -> int:
     key = str(v).strip()
     if key in const:
-        return count(const[key], file, node, key)
+        return count(const[key], file, node, f"constant {key}")
     if not looks_numeric(key):
         raise CometInputError(file, node, f"missing constant {short(key)}")
     return count(key, file, node, "a factor or size")
