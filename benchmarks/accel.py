@@ -40,7 +40,7 @@ from fusekit.accel.model import simd_rates
 from fusekit.accel.problem import Problem
 from fusekit.accel.search import Scored
 from fusekit.hw import Accelerator, load
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.search import LocalExecutor
 
 CASES = {
@@ -50,6 +50,31 @@ CASES = {
 PROBLEMS = {"gemm_softmax": gemm_softmax, "gemm_layernorm": gemm_layernorm, "attention": attention}
 #: The published "up to" speedups over unfused (COMET abstract), for comparison only.
 COMET_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46, "attention": 1.82}
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "Best fused against best unfused mapping of GEMM-Softmax, GEMM-LayerNorm and attention on "
+    "the COMET edge and cloud accelerators (modelled latency and energy), and the mapper's "
+    "throughput."
+)
+FUSED = {"study": "fused_vs_unfused"}
+PLOTS = (
+    Plot(title="Latency speedup of fused over unfused (best-latency mappings)", x="M,N,K",
+         y="speedup", hue="problem", where=FUSED, ref=1.0),
+    Plot(title="Energy ratio unfused / fused (best-energy mappings)", x="M,N,K",
+         y="energy_ratio", hue="problem", where=FUSED, ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Latency speedup per shape and op", rows=["hw", "M,N,K"], values=["speedup"],
+            across="problem", where=FUSED),
+    Summary(title="Where the speedup comes from, per op (speedup = dram_factor x overlap_factor)",
+            rows=["problem"], values=["speedup", "dram_factor", "overlap_factor",
+                                      "speedup_2byte_elements", "energy_ratio", "comet_up_to"],
+            where=FUSED),
+    Summary(title="Cost-model throughput", rows=["hw", "problem", "M,N,K"],
+            values=["mappings", "evaluated_per_s_per_core", "evaluated_per_wall_s"],
+            where={"study": "throughput"}),
+)  # fmt: skip
 
 
 def model_throughput(hw: Accelerator, shape: tuple[int, int, int], repeats: int) -> dict:
@@ -176,9 +201,7 @@ def main() -> None:
                         f"{rec['pruned_fraction']:.0%} pruned, "
                         f"{rec['candidates_per_s_per_core']:>6,.0f}/s/core  {rec['fused_mapping']}"
                     )
-    meta = {
-        **run_metadata({"edge": edge.to_dict(), "cloud": load("cloud").to_dict()}),
-        "plot": {"x": "M,N,K", "y": "speedup", "hue": "problem"},
+    settings = {
         "baseline": (
             "unfused (COMET's baseline): each op its own kernel, intermediates written to DRAM "
             "and read back, no pipelining across ops; the best of the same tiling and partition "
@@ -186,7 +209,16 @@ def main() -> None:
         ),
         "element": "one tensor element = one 8-byte word (bandwidth and energy per access)",
     }
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="accel",
+        title=TITLE,
+        meta=run_metadata({"edge": edge.to_dict(), "cloud": load("cloud").to_dict()}),
+        settings=settings,
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     print(f"wrote {path}")
 
 

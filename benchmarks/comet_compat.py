@@ -19,9 +19,27 @@ import statistics
 from pathlib import Path
 
 from fusekit.accel.comet import DEVIATIONS, CometFitError, Compat, MeshShapeError, evaluate
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "COMET's named defects: the change of total cycles and energy on the shared COMET runs "
+    "when each deviation is switched off (ratio to COMET's result; 1 = unchanged)."
+)
+PLOTS = (
+    Plot(title="Largest ratio to COMET's result per deviation switched off", x="deviation_off",
+         y=["cycles_ratio", "energy_ratio"], stat="max", log_y=True, ref=1.0,
+         label="ratio to COMET's result, max over the runs"),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Ratio to COMET's result per deviation switched off, over the shared runs",
+            rows=["deviation_off"], values=["cycles_ratio", "energy_ratio"],
+            stats=["min", "median", "max"]),
+    Summary(title="Run status: COMET's against the deviation switched off",
+            rows=["comet_status", "status"], values=["deviation_off", "case"]),
+)  # fmt: skip
 
 
 def _evaluate(case: Path, compat: Compat) -> dict | str:
@@ -85,8 +103,16 @@ def main() -> None:
             f"{statistics.median(dc):.2f}% / {max(dc):.2f}% | {max(de):.2f}% | "
             f"{'; '.join(status) or '-'} |"
         )
-    meta = {**run_metadata(), "oracle": str(args.oracle), "deviations": DEVIATIONS}
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="comet_compat",
+        title=TITLE,
+        meta=run_metadata(),
+        settings={"oracle": str(args.oracle), "deviations": DEVIATIONS},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     print(f"wrote {path}")
 
 

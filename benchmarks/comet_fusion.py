@@ -19,10 +19,30 @@ import statistics
 from pathlib import Path
 
 from fusekit.accel.comet import CometFitError, evaluate
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
 PAPER_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46}  # COMET paper, latency speedups
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "Fused against unfused on COMET's own runs: unfused / fused cycles and energy by fusekit's "
+    "tree model in COMET's mode and native mode, beside the COMET binary's own ratios and the "
+    "paper's up-to speedups."
+)
+PLOTS = (
+    Plot(title="Unfused / fused cycles (COMET mode), best of the shared runs per shape",
+         x="M,N,K", y="comet_cycles_ratio", hue="op", stat="max", ref=1.0),
+    Plot(title="Unfused / fused energy (COMET mode), best of the shared runs per shape",
+         x="M,N,K", y="comet_energy_ratio", hue="op", stat="max", ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Unfused / fused per shape and op: ours (COMET mode, native) and the binary's",
+            rows=["arch", "M,N,K", "op"],
+            values=["comet_cycles_ratio", "comet_binary_cycles_ratio", "native_cycles_ratio",
+                    "comet_energy_ratio", "comet_binary_energy_ratio", "native_energy_ratio",
+                    "paper_up_to"], stats=["max"]),
+)  # fmt: skip
 
 
 def main() -> None:
@@ -73,7 +93,16 @@ def main() -> None:
                   f"{mx('native_energy_ratio')} | {PAPER_UP_TO[op]}x |")  # fmt: skip
     med = statistics.median(float(x["comet_cycles_ratio"]) for x in records)  # type: ignore[arg-type]
     print(f"median unfused/fused cycles (comet mode): {med:.4f}")
-    path = write_results(args.out, records, {**run_metadata(), "oracle": str(args.oracle)})
+    path = write_results(
+        args.out,
+        benchmark="comet_fusion",
+        title=TITLE,
+        meta=run_metadata(),
+        settings={"oracle": str(args.oracle)},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     print(f"wrote {path}")
 
 

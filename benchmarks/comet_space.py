@@ -33,9 +33,29 @@ from typing import Any
 
 from fusekit.accel.comet.space import Space, arch_constraints, label
 from fusekit.accel.compat import Compat
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "The mapper over COMET's tiling space (lower-bound pruning) against the tilings of the "
+    "shared COMET runs, and its scoring rates on one core."
+)
+PLOTS = (
+    Plot(title="Best tiling found: speedup over the shared runs' best and over a sample's median",
+         x="M,N,K", y=["speedup_vs_best_shared", "speedup_vs_sample_median"], log_y=True,
+         ref=1.0, label="speedup (cycles)"),
+    Plot(title="Scoring rates per core", x="M,N,K",
+         y=["exact_per_s_per_core", "tilings_per_s_per_core", "bounds_per_s_per_core"],
+         log_y=True, label="tilings per second per core"),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Pruned search per shape", rows=["arch", "M,N,K"],
+            values=["tilings", "scored", "pruned", "best_cycles", "best_shared_cycles",
+                    "speedup_vs_best_shared", "speedup_vs_sample_median", "wall_s",
+                    "speedup_vs_exhaustive"]),
+)  # fmt: skip
 
 
 def run_shape(template: str, arch: str, dims: dict[str, int], shared: list[int],
@@ -100,8 +120,16 @@ def main() -> None:
         records = pool.starmap(run_shape, jobs, chunksize=1)
     for rec in records:
         print(rec, flush=True)
-    meta = {**run_metadata(), "oracle": str(args.oracle), "workers": args.workers}
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="comet_space",
+        title=TITLE,
+        meta=run_metadata(),
+        settings={"oracle": str(args.oracle), "workers": args.workers},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     print(f"wrote {path}")
 
 

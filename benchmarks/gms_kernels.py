@@ -43,7 +43,26 @@ from fusekit.gms import workloads as W
 from fusekit.gms.kernels.cpu.g_mseg_s import grouped_mm_supported
 from fusekit.gms.kernels.reference import gms_aten
 from fusekit.hw import CPUTarget, detect
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "Every gms strategy against the ATen composition (index_select, grouped or per-segment "
+    "mm, index_add_) on real RGCN, sparse-convolution and MoE problems, on the CPU; speedup "
+    "is over the faster ATen variant."
+)
+PLOTS = tuple(
+    Plot(title=f"Speedup over ATen per implementation: {name}", x="impl", y="speedup",
+         hue="problem", where={"study": study}, log_y=True, ref=1.0)
+    for study, name in (("rgcn", "RGCN (AIFB, MUTAG)"), ("conv", "sparse convolution (LiDAR)"),
+                        ("moe", "Mixture-of-Experts"))
+)  # fmt: skip
+TABLES = (
+    Summary(title="Speedup over ATen per implementation and family (median over problems)",
+            rows=["impl"], values=["speedup"], across="study"),
+    Summary(title="Problems", rows=["study", "problem"],
+            values=["pairs", "segments", "K", "M", "reduce", "plan_s"]),
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,9 +410,16 @@ def main() -> None:
         )
     if args.backends:
         records += backend_study(target, repeats)
-    meta = run_metadata(target.to_dict())
-    meta["plot"] = {"x": "problem", "y": "speedup", "hue": "impl", "log_y": True}
-    print(f"wrote {write_results(args.out, records, meta)}")
+    path = write_results(
+        args.out,
+        benchmark="gms_kernels",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -40,11 +40,68 @@ from fusekit.gms import workloads as W
 from fusekit.gms.candidates import config_of
 from fusekit.gms.search import DEFAULT_BUDGET, operands, run_config, tune
 from fusekit.hw import CPUTarget, detect
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.search import TuningCache, time_call
 
 RESULTS = Path(__file__).parent / "results"
 SEED = 1000
+
+#: What ``fusekit report build`` shows of the two results files.
+TITLE = (
+    "Model-pruned tuning against exhaustive tuning of the CPU configuration space on varied "
+    "problems: the pruned winner's slowdown (1 = as fast as the exhaustive winner), the "
+    "model's rank correlation and the search-time ratio."
+)
+PLOTS = (
+    Plot(title="Slowdown of the pruned winner over the exhaustive winner, per problem",
+         x="problem", y="slowdown", hue="family", ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Per family", rows=["family"],
+            values=["slowdown", "within_5pct", "spearman", "measured_share",
+                    "search_time_ratio"], stats=["median", "max"]),
+    Summary(title="Winning strategies (exhaustive, pruned)",
+            rows=["exhaustive_best", "pruned_best"], values=["slowdown"]),
+)  # fmt: skip
+MEASUREMENTS_TITLE = (
+    "Every point of the CPU configuration space measured on the problems of gms_search.py: the "
+    "training data of gms_select.py (under 'data'); one record per problem summarises its "
+    "points."
+)
+MEASUREMENTS_PLOTS = (
+    Plot(title="Spread of the space: median point time over the best point, per problem",
+         x="problem", y="median_over_best", hue="family", ref=1.0),
+)  # fmt: skip
+MEASUREMENTS_TABLES = (
+    Summary(title="Per family", rows=["family"],
+            values=["points", "median_over_best", "best_strategy"], stats=["median", "max"]),
+)  # fmt: skip
+
+
+def measurement_records(problems: list[dict]) -> list[dict]:
+    """One record per exhaustively measured problem: its size, best and median point."""
+    records = []
+    for p in problems:
+        f, measured = p["features"], p["measured"]
+        best_point = min(measured, key=measured.get)
+        best_s, median_s = measured[best_point], statistics.median(measured.values())
+        records.append(
+            {
+                "problem": p["label"],
+                "family": p["label"].split("-", 1)[0],
+                "pairs": f["pairs"],
+                "segments": f["segments"],
+                "K": f["k"],
+                "M": f["m"],
+                "reduce": f["reduce"],
+                "points": len(measured),
+                "best_s": best_s,
+                "median_s": median_s,
+                "median_over_best": median_s / best_s,
+                "best_strategy": json.loads(best_point)["strategy"],
+            }
+        )
+    return records
 
 
 def recheck(s: W.Sized, problem: GMSProblem, points: list[dict], rounds: int) -> list[float]:
@@ -183,17 +240,32 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in summary.items() if not k.startswith("coef")}, indent=1))
     meta = run_metadata(target.to_dict())
-    meta["summary"] = summary
-    meta["budget"] = args.budget
-    meta["plot"] = {"x": "problem", "y": "slowdown", "hue": "family"}
-    print(f"wrote {write_results(args.out, records, meta)}")
+    path = write_results(
+        args.out,
+        benchmark="gms_search",
+        title=TITLE,
+        meta=meta,
+        settings={"summary": summary, "budget": args.budget},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
+    print(f"wrote {path}")
     data = [
         {"label": s.label, "features": asdict(r.features), "measured": r.measured}
         for s, (r, _) in zip(sized, exhaustive, strict=True)
     ]
-    measurements = {"meta": run_metadata(target.to_dict()), "problems": data}
-    path = args.out.with_name(args.out.stem + "_measurements.json")
-    path.write_text(json.dumps(measurements, separators=(",", ":")) + "\n")
+    path = write_results(
+        args.out.with_name(args.out.stem + "_measurements.json"),
+        benchmark="gms_search",
+        title=MEASUREMENTS_TITLE,
+        meta=meta,
+        plots=MEASUREMENTS_PLOTS,
+        tables=MEASUREMENTS_TABLES,
+        records=measurement_records(data),
+        data={"problems": data},
+        indent=None,
+    )
     print(f"wrote {path}")
 
 

@@ -43,22 +43,46 @@ from fusekit.gms.features import features
 from fusekit.gms.search import features_from_meta, operands, run_config
 from fusekit.gms.selector import TreeSelector, select, train_tree
 from fusekit.hw import CPUTarget, detect
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, load_results, run_metadata, write_results
 from fusekit.search import point_key, time_call
 
 RESULTS = Path(__file__).parent / "results"
 TREE = Path(__file__).parents[1] / "src" / "fusekit" / "gms" / "selector_tree.json"
 SEED = 5000
 
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "The adaptive selector on held-out problems: the time of its choice (tree and model) and "
+    "of each fixed strategy over the per-problem best (1 = the best)."
+)
+PLOTS = (
+    Plot(title="Ratio to the per-problem best: the selector against the best fixed strategies",
+         x="family", y=["tree_ratio", "model_ratio", "fixed (GMS)seg",
+                        "fixed aggregate-first/(GMS)seg"], log_y=True, ref=1.0,
+         label="time / best time, median over the problems"),
+    Plot(title="Ratio of the tree's choice to the per-problem best, per problem", x="problem",
+         y="tree_ratio", hue="family", ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Ratio to the per-problem best, per family", rows=["family"],
+            values=["tree_ratio", "model_ratio", "fixed (GMS)seg", "fixed G-Mseg-S",
+                    "fixed aggregate-first/(GMS)seg", "fixed transform-first/(GMS)seg"],
+            stats=["median", "max"]),
+    Summary(title="Choices: the best, the tree's and the model's", rows=["best", "tree"],
+            values=["tree_ratio", "model_ratio"]),
+)  # fmt: skip
+
 
 def training_data(path: Path) -> tuple[list, int]:
-    blob = json.loads(path.read_text())
+    results = load_results(path)
+    if results.data is None or results.meta.hardware is None:
+        raise SystemExit(f"{path}: expected gms_search.py's measurements (data and hardware)")
     problems = []
-    for p in blob["problems"]:
+    for p in results.data["problems"]:
         f = features_from_meta({"features": p["features"]})
         if f is not None:
             problems.append((f, p["measured"]))
-    return problems, int(blob["meta"]["hardware"]["cores"])
+    return problems, int(results.meta.hardware["cores"])
 
 
 def fit_coef(problems: list, target: CPUTarget) -> dict[str, float]:
@@ -200,10 +224,17 @@ def main() -> None:
         "coef": coef,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "coef"}, indent=1))
-    meta = run_metadata(target.to_dict())
-    meta["summary"] = summary
-    meta["plot"] = {"x": "problem", "y": "tree_ratio", "hue": "family"}
-    print(f"wrote {write_results(args.out, records, meta)}")
+    path = write_results(
+        args.out,
+        benchmark="gms_select",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        settings={"summary": summary},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

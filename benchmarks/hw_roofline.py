@@ -22,7 +22,22 @@ from pathlib import Path
 import torch
 
 from fusekit.hw import detect
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "This machine's roofline: a fresh hw.detect(), streaming copy_ and torch.mm against it, and "
+    "how far ATen's index_select and index_add_ fall below the streaming bound."
+)
+TIMED = {"study": ["stream", "gemm", "gather", "scatter"]}
+PLOTS = (
+    Plot(title="Fraction of the detected bound (bandwidth, or fp32 peak for mm)", x="size",
+         y="fraction_of_bound", hue="op", where=TIMED, ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Rates and fraction of the bound", rows=["study", "op", "size"],
+            values=["median_s", "bytes_per_s", "flops_per_s", "fraction_of_bound"]),
+)  # fmt: skip
 
 
 def time_s(repeats: int, fn: Callable[..., object], *args: object) -> tuple[float, float, float]:
@@ -124,11 +139,15 @@ def main() -> None:
             }
         )
 
-    meta = {
-        **run_metadata(target.to_dict()),
-        "plot": {"x": "size", "y": "fraction_of_bound", "hue": "op"},
-    }
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="hw_roofline",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     for r in records:
         frac = r.get("fraction_of_bound")
         rate = r.get("bytes_per_s") or r.get("flops_per_s")

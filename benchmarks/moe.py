@@ -54,8 +54,29 @@ from fusekit.data.tokens import moe_batch
 from fusekit.hw import CPUTarget, detect
 from fusekit.hw.detect import gemm_flops_per_s, read_bytes_per_s
 from fusekit.nn.moe import MoE
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.search.measure import time_call
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "fusekit's MoE experts against HF Mixtral's expert loop and a grouped_mm composition, from "
+    "decode (1 token) to prefill sizes, forward and forward+backward, on the CPU; speedup is "
+    "over the best peer."
+)
+PLOTS = tuple(
+    Plot(title=f"Speedup over the best peer, {study}, {shape}", x="tokens",
+         y="speedup_over_best_peer", hue="impl", where={"study": study, "shape": shape},
+         kind="line", log_y=True, ref=1.0)
+    for study in ("forward", "forward+backward")
+    for shape in ("8x2 h1024 f3584", "64x6 h1024 f512")
+)  # fmt: skip
+TABLES = (
+    Summary(title="Speedup over the best peer per implementation (over token counts)",
+            rows=["study", "shape", "impl"], values=["speedup_over_best_peer"],
+            stats=["median", "min", "max"]),
+    Summary(title="fusekit's fraction of the roofline per token count", rows=["study", "shape"],
+            values=["fraction_of_roofline"], across="tokens", where={"impl": "fusekit"}),
+)  # fmt: skip
 
 STRATEGIES = ("G-Mseg-S", "(GM)seg-S", "(GMS)seg")
 SHAPES = {  # name: (experts, top_k, hidden, ffn)
@@ -387,19 +408,22 @@ def main() -> None:
             add_roofline(rows, max(read_bw), max(gemm))
             records += rows
             print(summary(shape, t, rows), flush=True)
-    meta = run_metadata(target.to_dict())
-    meta["threads"] = torch.get_num_threads()
     add_roofline(records, max(read_bw), max(gemm))  # the run's best rates
-    meta["read_bw_bytes_per_s"] = {"used": max(read_bw), "readings": read_bw}
-    meta["gemm_flops_per_s"] = {"used": max(gemm), "readings": gemm}
-    meta["plot"] = {
-        "x": "tokens",
-        "y": "speedup_over_best_peer",
-        "hue": "impl",
-        "facet": "study",
-        "log_y": True,
+    settings = {
+        "threads": torch.get_num_threads(),
+        "read_bw_bytes_per_s": {"used": max(read_bw), "readings": read_bw},
+        "gemm_flops_per_s": {"used": max(gemm), "readings": gemm},
     }
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="moe",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        settings=settings,
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     plot(records, args.out.with_suffix(".png"))
     print(f"wrote {path}")
 

@@ -42,8 +42,29 @@ import torch
 from fusekit.data import EntityGraph, entities
 from fusekit.hw import CPUTarget, detect
 from fusekit.nn.rgcn import RGCNConv
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.search.measure import time_call
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "fusekit's RGCNConv against PyG's RGCNConv and FastRGCNConv and an ATen composition on "
+    "AIFB and MUTAG (layer forward and forward+backward), a BGS-sized graph, and training to "
+    "the same accuracy, on the CPU."
+)
+PLOTS = tuple(
+    Plot(title=f"Speedup over PyG RGCNConv, one layer, {mode}", x="problem",
+         y="speedup_over_pyg", hue="impl", where={"part": "layer", "mode": mode}, log_y=True,
+         ref=1.0)
+    for mode in ("forward", "forward+backward")
+)  # fmt: skip
+TABLES = (
+    Summary(title="Speedup over PyG RGCNConv per implementation (over the layer problems)",
+            rows=["impl"], values=["speedup_over_pyg"], across="mode",
+            where={"part": "layer"}),
+    Summary(title="BGS-sized graph and training runs", rows=["part", "problem", "impl"],
+            values=["median_s", "peak_rss_bytes", "final_loss", "test_accuracy"],
+            where={"part": ["bgs", "train"]}),
+)  # fmt: skip
 
 
 def time_impls(
@@ -375,11 +396,16 @@ def main() -> None:
         records += bgs_part(0.1 if args.quick else 1.0)
     if "train" in parts:
         records += train_part(5 if args.quick else 50)
-    meta = run_metadata(target.to_dict())
-    meta["threads"] = torch.get_num_threads()
-    meta["pyg_lib"] = False
-    meta["plot"] = {"x": "problem", "y": "speedup_over_pyg", "hue": "impl", "log_y": True}
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="rgcn",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        settings={"threads": torch.get_num_threads(), "pyg_lib": False},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     if any(r["part"] == "layer" for r in records):
         plot(records, args.out.with_suffix(".png"))
     print(f"wrote {path}")

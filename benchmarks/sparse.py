@@ -30,7 +30,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.sparse.machine import Machine
 from fusekit.sparse.schedule import CUTS
 from fusekit.sparse.search import explore
@@ -38,6 +38,31 @@ from fusekit.sparse.simulate import simulate
 from fusekit.sparse.workloads import Workload, autoencoder, bigbird, gcn, graphsage
 
 HEADS = 12
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "Sparse models (GCN, GraphSAGE, a sparse autoencoder, BigBird attention) compiled to "
+    "streaming dataflow graphs and simulated: unfused, per-layer (partial) and full fusion, "
+    "parallelisation and FIFO depth; cycles of the simulated machine."
+)
+PLOTS = (
+    Plot(title="Best schedule per region cut: speedup over the best unfused", x="workload",
+         y="speedup_vs_unfused", hue="cut", where={"study": "cuts"}, log_y=True, ref=1.0),
+    Plot(title="Parallelisation: speedup over factor 1", x="factor", y="speedup_vs_factor_1",
+         hue=["workload", "cut", "memory_model"], where={"study": "parallel"}, kind="line",
+         ref=1.0),
+    Plot(title="FIFO depth: cycles of full fusion", x="fifo_depth", y="cycles",
+         hue="workload", where={"study": "fifo"}, kind="line", log_y=True),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Speedup over the best unfused schedule per cut", rows=["workload"],
+            values=["speedup_vs_unfused"], across="cut", where={"study": "cuts"}),
+    Summary(title="Operations over unfused per cut (recomputation)", rows=["workload"],
+            values=["ops_vs_unfused"], across="cut", where={"study": "cuts"}),
+    Summary(title="Speedup over factor 1 per parallelisation factor",
+            rows=["workload", "cut", "memory_model"], values=["speedup_vs_factor_1"],
+            across="factor", where={"study": "parallel"}),
+)  # fmt: skip
 #: FuseFlow's published ranges, for comparison only (not used by any model).
 PAPER = {
     "partial_gnn_speedup": "1.5-3.9x",
@@ -217,10 +242,16 @@ def main() -> None:
     big = [name for name in explored if name.startswith("bigbird")][-1]
     records += parallel_records(*explored[big], "full")
     records += fifo_records(*explored[big])
-    meta = run_metadata()
-    meta["machine_model"] = dataclasses.asdict(machine)
-    meta["paper_ranges"] = PAPER
-    path = write_results(args.out, records, meta)
+    path = write_results(
+        args.out,
+        benchmark="sparse",
+        title=TITLE,
+        meta=run_metadata(),
+        settings={"machine_model": dataclasses.asdict(machine), "paper_ranges": PAPER},
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
     plots(records, args.out.parent)
     print(f"wrote {path}")
 

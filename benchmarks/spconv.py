@@ -46,12 +46,30 @@ from fusekit.data.voxels import VoxelScan, lidar_like, lidar_scan
 from fusekit.hw import CPUTarget, detect
 from fusekit.nn import kmap as km
 from fusekit.nn.conv import SparseTensor, SubMConv3d, conv_reference
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from gms_kernels import FLOOR, bare_gemms, time_blocks
 
 SPCONV = "spconv SubMConv3d"
 FUSEKIT = "fusekit SubMConv3d"
 FUSEKIT_VENDOR = "fusekit SubMConv3d (strategy=G-Mseg-S)"
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "fusekit's SubMConv3d against spconv's on LiDAR-like and real scans (forward with the "
+    "kernel map built or reused, forward+backward), and where fusekit's time goes, on the CPU."
+)
+PLOTS = (
+    Plot(title="Speedup of fusekit SubMConv3d over the peer", x="problem", y="speedup",
+         hue="study", where={"impl": FUSEKIT}, ref=1.0),
+    Plot(title="Where fusekit's forward time goes (map reused: gms call; built: all phases)",
+         x="problem", y="median_s", hue="impl", where={"study": "phases"}),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Speedup of fusekit SubMConv3d over the peer", rows=["problem"],
+            values=["speedup"], across="study", where={"impl": FUSEKIT}),
+    Summary(title="Phases of fusekit's forward (median seconds)", rows=["problem"],
+            values=["median_s"], across="impl", where={"study": "phases"}),
+)  # fmt: skip
 TORCH = "torch per-offset (spconv native algorithm)"
 
 
@@ -301,9 +319,16 @@ def main() -> None:
         phases = {r["impl"]: 1e3 * r["median_s"] for r in rows if r["study"] == "phases"}  # type: ignore[operator]
         print("   phases (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
         print(f"   ({time.perf_counter() - start:.0f} s)", flush=True)
-    meta = run_metadata(target.to_dict())
-    meta["plot"] = {"x": "problem", "y": "speedup", "hue": "study"}
-    print(f"wrote {write_results(args.out, records, meta)}")
+    path = write_results(
+        args.out,
+        benchmark="spconv",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
+    )
+    print(f"wrote {path}")
     print(f"wrote {plot(records, args.out.with_suffix('.png'))}")
 
 

@@ -43,10 +43,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from fusekit.hw import CPUTarget, detect
-from fusekit.report.records import run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from fusekit.search import time_call
 from fusekit.stitch.runner import Stitched, TimedChoice
 from fusekit.stitch.workloads import NAMES, load_workload
+
+#: What ``fusekit report build`` shows of the results file.
+TITLE = (
+    "Stitched kernels from the ILP fusion plan against eager PyTorch and torch.compile on "
+    "memory-bound subgraphs and a BERT layer, on the CPU; plus the plan's modelled bytes and "
+    "roofline."
+)
+PLOTS = (
+    Plot(title="Speedup of fusekit's stitched kernels", x="workload",
+         y=["speedup_vs_eager", "speedup_vs_compile"], log_y=True, ref=1.0, label="speedup"),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Per subgraph", rows=["workload"],
+            values=["description", "speedup_vs_eager", "speedup_vs_compile", "kernels_eager",
+                    "kernels_compile", "kernels_fusekit", "byte_ratio_eager_over_fused",
+                    "roofline_fraction", "max_err_fusekit"]),
+)  # fmt: skip
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze",
           "squeeze", "slice", "select", "alias", "detach", "as_strided", "split"}  # fmt: skip
@@ -133,7 +150,7 @@ def run_workload(name: str, target: CPUTarget, repeats: int, small: bool) -> dic
         "eager_s": median["eager"],
         "compile_s": median["compile"],
         "fusekit_s": median["fusekit"],
-        "pass_medians_s": samples,
+        **{f"pass_medians_s.{k}": v for k, v in samples.items()},
         "speedup_vs_eager": median["eager"] / median["fusekit"],
         "speedup_vs_compile": median["compile"] / median["fusekit"],
         "kernels_eager": counter.count,
@@ -229,17 +246,22 @@ def main() -> None:
             f"eager, x{summary['geomean_speedup_vs_compile']:.2f} torch.compile; eager/fused "
             f"bytes x{summary['geomean_byte_ratio_eager_over_fused']:.2f}"
         )
-    meta = run_metadata(target.to_dict())
-    meta.update(
-        threads=args.threads,
-        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
-        torch=torch.__version__,
-        numba=numba.__version__,
-        small=args.small,
-        summary=summary,
-        plot={"x": "workload", "y": "speedup_vs_compile", "log_y": True},
+    out = write_results(
+        args.out,
+        benchmark="stitch",
+        title=TITLE,
+        meta=run_metadata(target.to_dict()),
+        settings={
+            "threads": args.threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "numba": numba.__version__,
+            "small": args.small,
+            "summary": summary,
+        },
+        plots=PLOTS,
+        tables=TABLES,
+        records=records,
     )
-    out = write_results(args.out, records, meta)
     _plot(out.with_suffix(".png"), records)
     print(f"wrote {out}")
 

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from fusekit.report import Figure, Section, Table, Text, render, write_report
-from fusekit.report.records import bar_chart
+from fusekit.report.charts import bar_chart, line_chart
 
 RECORDS = [
     {"shape": "rgcn", "dataflow": "G-Mseg-S", "median_s": 0.012, "ratio": 1.0},
@@ -49,8 +49,37 @@ def test_write_report(tmp_path):
 
 
 def test_bar_chart_rejects_missing_columns():
-    with pytest.raises(ValueError, match="expected record 0 to have 'shape' and a numeric 'speed'"):
+    with pytest.raises(ValueError, match="expected a record with a numeric 'speed'"):
         bar_chart("t", RECORDS, x="shape", y="speed")
+    with pytest.raises(ValueError, match="expected record 0 to have 'size'"):
+        bar_chart("t", RECORDS, x="size", y="ratio")
+    with pytest.raises(ValueError, match="'dataflow' to be a number or null"):
+        bar_chart("t", RECORDS, x="shape", y="dataflow")
+
+
+def test_charts_leave_series_without_points_out_of_the_legend():
+    records = [*RECORDS, {"shape": "moe", "dataflow": "empty", "ratio": None}]
+    for draw in (bar_chart, line_chart):
+        figure = draw(
+            "t",
+            [{**r, "n": i} for i, r in enumerate(records)],
+            x="n" if draw is line_chart else "shape",
+            y="ratio",
+            hue="dataflow",
+        )
+        assert figure.png.startswith(b"\x89PNG")
+    from fusekit.report.charts import collect
+
+    _, series, _ = collect("t", records, "shape", ("ratio",), ("dataflow",))
+    assert list(series) == ["G-Mseg-S", "(GMS)seg"]  # "empty" has no point
+
+
+def test_long_tables_fold_and_cells_read_well():
+    table = Table("long", ("n", "x"), tuple((i, None) for i in range(40)))
+    page = render([Section("s", "", (table, Table("short", ("a",), ((12345.6,), ([1, 2],)))))],
+                  title="t")  # fmt: skip
+    assert "<details><summary>long (40 rows)</summary>" in page
+    assert ">12,346<" in page and ">1, 2<" in page and ">\u2013<" in page
 
 
 def test_unknown_block_type():

@@ -28,12 +28,17 @@ class Text:
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """A table: column names and rows of cells (numbers are formatted when rendered)."""
+    """A table: column names and rows of cells (numbers are formatted when rendered).
+
+    A table longer than the report shows at once, or one marked ``collapsed``, renders folded
+    under its title (an HTML ``<details>``), to be opened on demand.
+    """
 
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
     note: str = ""
+    collapsed: bool = False
 
     def __post_init__(self) -> None:
         for i, row in enumerate(self.rows):
@@ -50,6 +55,7 @@ class Table:
         records: Sequence[Record],
         columns: Sequence[str] | None = None,
         note: str = "",
+        collapsed: bool = False,
     ) -> Table:
         """Build a table from long-format records.
 
@@ -58,6 +64,7 @@ class Table:
             records: one dict per row.
             columns: the keys to show, in order; by default every key, in first-seen order.
             note: a line printed under the table.
+            collapsed: fold the table under its title.
 
         Returns:
             The table; a key missing from a record renders as an empty cell.
@@ -68,7 +75,7 @@ class Table:
                 seen.update(dict.fromkeys(record))
             columns = list(seen)
         rows = tuple(tuple(record.get(c, "") for c in columns) for record in records)
-        return cls(title=title, columns=tuple(columns), rows=rows, note=note)
+        return cls(title=title, columns=tuple(columns), rows=rows, note=note, collapsed=collapsed)
 
 
 @dataclass(frozen=True, slots=True)

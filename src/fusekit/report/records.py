@@ -1,143 +1,291 @@
-"""Result records → report sections: the long-format JSON the benchmarks write.
+"""Results files: the one schema every benchmark writes and ``fusekit report build`` reads.
 
-A results file is ``{"meta": {...}, "records": [{...}, ...]}``: ``meta`` records the hardware,
-fusekit's version, the git commit and the time; each record is one measurement. An optional
-``meta["plot"] = {"x": ..., "y": ..., "hue": ...}`` names the columns of a bar chart.
+A results file is one JSON object::
+
+    {
+      "schema": "fusekit-results/1",
+      "benchmark": "gms_kernels",      # the script that wrote it: benchmarks/<benchmark>.py
+      "title": "...",                  # one line: what the benchmark compares
+      "meta": {...},                   # the run: fusekit, commit, written, machine, torch,
+                                       #   torch_threads, hardware (what run_metadata() returns)
+      "settings": {...},               # the run's options and summary numbers, free form
+      "plots": [{...}],                # charts of the records (:class:`Plot`)
+      "tables": [{...}],               # compact tables of the records (:class:`Summary`)
+      "records": [{...}, ...],         # long format: one measurement per record
+      "data": {...}                    # optional bulk data other scripts read; not rendered
+    }
+
+A record's values are JSON scalars (string, finite number, boolean, null) or lists of them. A
+plot's or table's ``where`` keeps the records whose value under each key equals the one given
+(or is one of a list of values). :func:`load_results` checks all of it, including that every key
+a plot or table names is present in the records it selects, and raises one
+:class:`~fusekit.errors.ConfigError` line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusekit.errors import ConfigError
-from fusekit.report.document import Block, Figure, Record, Section, Table, Text
+
+#: The value of every results file's ``schema`` key.
+SCHEMA = "fusekit-results/1"
+
+Scalar = str | int | float | bool | None
+Cell = Scalar | list[Scalar]
+Stat = Literal["median", "mean", "min", "max"]
 
 
-def bar_chart(
-    title: str,
-    records: Sequence[Record],
-    x: str,
-    y: str,
-    hue: str | None = None,
-    log_y: bool = False,
-) -> Figure:
-    """Grouped bar chart of ``y`` per ``x``, one bar colour per ``hue`` value.
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Plot(_Strict):
+    """A chart of some records: ``stat`` of ``y`` per ``x``, one series per ``hue`` value.
+
+    Attributes:
+        title: the chart's heading.
+        x: the key along the category (bar) or numeric (line) axis.
+        y: the numeric key plotted, or several keys (one series each; then no ``hue``).
+        hue: the key (or keys, joined) whose values split the records into series.
+        where: which records the chart shows (key -> value or list of values).
+        kind: ``bar`` (grouped bars, categories along ``x``) or ``line`` (numeric ``x``).
+        log_y: a logarithmic value axis.
+        stat: how several records of one ``x`` and series combine.
+        ref: a reference value drawn as a line (1.0 for a speedup).
+        label: the value axis' name (by default the ``y`` key, or "value" for several).
+    """
+
+    title: str
+    x: str
+    y: str | list[str]
+    hue: str | list[str] | None = None
+    where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
+    kind: Literal["bar", "line"] = "bar"
+    log_y: bool = False
+    stat: Stat = "median"
+    ref: float | None = None
+    label: str | None = None
+
+    @property
+    def ys(self) -> tuple[str, ...]:
+        """The plotted keys."""
+        return (self.y,) if isinstance(self.y, str) else tuple(self.y)
+
+    @property
+    def hues(self) -> tuple[str, ...]:
+        """The keys that split series (none when several ``y`` keys are the series)."""
+        if self.hue is None:
+            return ()
+        return (self.hue,) if isinstance(self.hue, str) else tuple(self.hue)
+
+
+class Summary(_Strict):
+    """A compact table: one row per group of records, ``stats`` of each of ``values``.
+
+    Attributes:
+        title: the table's caption.
+        rows: the keys whose values make a row (the group).
+        values: the keys summarised per group: numbers by each stat, booleans as a count of
+            true, strings as the value (or how many distinct values).
+        across: a key whose values become columns, each holding ``values[0]`` (one value).
+        where: which records the table shows.
+        stats: the statistics of numeric values.
+        note: a line printed under the table.
+    """
+
+    title: str
+    rows: list[str] = Field(min_length=1)
+    values: list[str] = Field(min_length=1)
+    across: str | None = None
+    where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
+    stats: list[Stat] = Field(default_factory=lambda: ["median"], min_length=1)
+    note: str = ""
+
+
+class Meta(_Strict):
+    """Where and when a benchmark ran (:func:`run_metadata`)."""
+
+    fusekit: str
+    commit: str
+    written: str
+    machine: str
+    torch: str | None = None
+    torch_threads: int | None = None
+    hardware: dict[str, Any] | None = None
+
+
+class Results(_Strict):
+    """One results file (see the module docstring)."""
+
+    schema_: Literal["fusekit-results/1"] = Field(default=SCHEMA, alias="schema")
+    benchmark: str = Field(min_length=1)
+    title: str
+    meta: Meta
+    settings: dict[str, Any] = Field(default_factory=dict)
+    plots: list[Plot] = Field(default_factory=list)
+    tables: list[Summary] = Field(default_factory=list)
+    records: list[dict[str, Cell]]
+    data: dict[str, Any] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+
+def select(
+    records: Sequence[Mapping[str, Any]], where: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The records matching every ``key: value`` (or ``key: [values]``) of ``where``."""
+
+    def keep(record: Mapping[str, Any]) -> bool:
+        for key, want in where.items():
+            value = record.get(key)
+            if value != want and not (isinstance(want, list) and value in want):
+                return False
+        return True
+
+    return [r for r in records if keep(r)]
+
+
+def is_number(value: object) -> bool:
+    """A JSON number that can be plotted: int or float, not bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_views(results: Results, source: str) -> None:
+    """Every key a plot or table names is in the records it selects; ``y`` has numbers."""
+    for kind, views in (("plots", results.plots), ("tables", results.tables)):
+        for i, view in enumerate(views):
+            chosen = select(results.records, view.where)
+            if not chosen:
+                raise ConfigError(source, f"{kind}[{i}].where", "selects no record")
+            if isinstance(view, Plot):
+                named = {"x": (view.x,), "hue": view.hues}
+                numeric = {"y": view.ys}
+            else:
+                across = (view.across,) if view.across else ()
+                named = {"rows": tuple(view.rows), "values": tuple(view.values), "across": across}
+                numeric = {}
+                if view.across and len(view.values) != 1:
+                    raise ConfigError(source, f"{kind}[{i}].values", "expected one key with across")
+            for field, keys in named.items():
+                for key in keys:
+                    if not any(key in r for r in chosen):
+                        raise ConfigError(source, f"{kind}[{i}].{field}", f"no record has {key!r}")
+            for field, keys in numeric.items():
+                for key in keys:
+                    if not any(is_number(r.get(key)) for r in chosen):
+                        problem = f"no record has a number under {key!r}"
+                        raise ConfigError(source, f"{kind}[{i}].{field}", problem)
+
+
+def _non_finite(value: object, where: str) -> tuple[str, float] | None:
+    """The first NaN or infinity inside ``value``, as ``(field path, value)``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for inner, v in items:
+        found = _non_finite(v, inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validate_results(blob: object, source: str) -> Results:
+    """Check a parsed results file against the schema.
 
     Args:
-        title: the figure's heading.
-        records: long-format rows holding the ``x``, ``y`` (numeric) and ``hue`` keys.
-        x: the key along the horizontal axis.
-        y: the numeric key plotted.
-        hue: the key that splits bars within a group, if any.
-        log_y: use a logarithmic vertical axis.
+        blob: the parsed JSON.
+        source: the file's name, for messages.
 
     Returns:
-        The rendered figure.
+        The results.
 
     Raises:
-        ValueError: a record lacks ``x`` or ``y``, or ``y`` is not a number.
+        ConfigError: the first problem, as one line naming ``source`` and the field.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for i, record in enumerate(records):
-        if x not in record or not isinstance(record.get(y), int | float):
-            raise ValueError(
-                f"bar_chart: expected record {i} to have '{x}' and a numeric '{y}' "
-                f"(got keys {sorted(record)})"
-            )
-    xs = list(dict.fromkeys(str(r[x]) for r in records))
-    hues = list(dict.fromkeys(str(r.get(hue, "")) for r in records)) if hue else [""]
-    width = 0.8 / len(hues)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(xs) * max(1, len(hues) / 2)), 3.4))
-    for j, h in enumerate(hues):
-        values = {str(r[x]): float(r[y]) for r in records if not hue or str(r.get(hue, "")) == h}
-        positions = [i + (j - (len(hues) - 1) / 2) * width for i in range(len(xs))]
-        heights = [values.get(v, 0.0) for v in xs]
-        ax.bar(positions, heights, width=width, label=h or None)
-    ax.set_xticks(range(len(xs)), xs, rotation=30 if len(xs) > 5 else 0, ha="right")
-    ax.set_ylabel(y)
-    if log_y:
-        ax.set_yscale("log")
-    if hue:
-        ax.legend(title=hue, fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    return Figure.from_matplotlib(title, fig)
+    if not isinstance(blob, dict):
+        raise ConfigError(source, "", f"expected a JSON object (got {type(blob).__name__})")
+    if blob.get("schema") != SCHEMA:
+        got = blob.get("schema", "no 'schema' key")
+        raise ConfigError(source, "schema", f"expected {SCHEMA!r} (got {str(got)[:60]!r})")
+    try:
+        results = Results.model_validate(blob)
+    except ValidationError as e:
+        err = e.errors()[0]
+        shown = repr(err.get("input"))
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        where = _location(tuple(err["loc"]))
+        raise ConfigError(source, where, f"{err['msg']} (got {shown})") from None
+    try:
+        bad = _non_finite(blob, "")
+    except RecursionError:
+        raise ConfigError(source, "", "nested too deeply") from None
+    if bad is not None:
+        raise ConfigError(source, bad[0], f"expected a finite number (got {bad[1]})")
+    _check_views(results, source)
+    return results
 
 
-def section_from_results(title: str, meta: Mapping[str, Any], records: Sequence[Record]) -> Section:
-    """A section holding a results file's records as a table, plus its chart if ``meta`` asks.
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
-    Args:
-        title: the section's heading.
-        meta: the file's ``meta`` mapping (hardware, version, commit, time, optional ``plot``).
-        records: the measurements.
+
+def load_results(path: str | Path) -> Results:
+    """Read and check a results file.
 
     Returns:
-        The section.
-    """
-    blocks: list[Block] = []
-    described = {k: v for k, v in meta.items() if k != "plot"}
-    if described:
-        blocks.append(Text("; ".join(f"{k}: {v}" for k, v in described.items())))
-    plot = meta.get("plot")
-    if isinstance(plot, Mapping) and "x" in plot and "y" in plot:
-        blocks.append(
-            bar_chart(
-                title,
-                records,
-                str(plot["x"]),
-                str(plot["y"]),
-                plot.get("hue"),
-                bool(plot.get("log_y", False)),
-            )
-        )
-    blocks.append(Table.from_records(f"{title}: {len(records)} records", records))
-    return Section(title=title, summary="", blocks=tuple(blocks), records=tuple(records))
-
-
-def load_results(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read a results JSON file.
-
-    Returns:
-        ``(meta, records)``.
+        The results.
 
     Raises:
-        ConfigError: the file is unreadable, not JSON, or not of the results form.
+        ConfigError: the file is unreadable, not UTF-8 JSON, or not of the results schema.
     """
     path = Path(path)
     try:
-        blob = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(str(path), "", f"cannot read file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte {e.start})") from None
+    try:
+        blob = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ConfigError(str(path), "", f"not valid JSON: {e.msg} at line {e.lineno}") from None
-    if not isinstance(blob, dict) or not isinstance(blob.get("records"), list):
-        raise ConfigError(str(path), "records", "expected a list of records under 'records'")
-    if not all(isinstance(r, dict) for r in blob["records"]):
-        raise ConfigError(str(path), "records", "expected every record to be a JSON object")
-    meta = blob.get("meta", {})
-    if not isinstance(meta, dict):
-        raise ConfigError(str(path), "meta", f"expected an object (got {type(meta).__name__})")
-    return meta, blob["records"]
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(str(path), "", f"not valid JSON: {e}") from None
+    return validate_results(blob, str(path))
 
 
 def run_metadata(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What every results file records: fusekit's version, git commit, time, machine, torch.
 
     Args:
-        hardware: the target the run measured on (``Target.to_dict()``), if any.
+        hardware: the target the run measured on (``Target.to_dict()``), or a mapping of
+            name -> target for several (modelled accelerators), if any.
 
     Returns:
-        A JSON-ready mapping.
+        A JSON-ready mapping (the ``meta`` of :class:`Results`).
     """
     import datetime as dt
-    import os
     import platform
     import subprocess
 
@@ -171,15 +319,69 @@ def run_metadata(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return meta
 
 
-def write_results(path: str | Path, records: Sequence[Record], meta: Mapping[str, Any]) -> Path:
-    """Write a results file (``{"meta": ..., "records": [...]}``), creating its folder.
+def _plain(value: object) -> object:
+    """A numpy scalar as a Python number; anything else is an error."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"write_results: expected JSON data (got {type(value).__name__})")
+
+
+def write_results(
+    path: str | Path,
+    *,
+    benchmark: str,
+    title: str,
+    meta: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    settings: Mapping[str, Any] | None = None,
+    plots: Sequence[Plot] = (),
+    tables: Sequence[Summary] = (),
+    data: Mapping[str, Any] | None = None,
+    indent: int | None = 2,
+) -> Path:
+    """Check a results file against the schema and write it atomically, creating its folder.
+
+    Args:
+        path: the file to write.
+        benchmark: the script's name (``benchmarks/<benchmark>.py``).
+        title: one line: what the benchmark compares.
+        meta: :func:`run_metadata`'s mapping.
+        records: the measurements, one mapping each.
+        settings: the run's options and summary numbers.
+        plots: the charts the report draws.
+        tables: the compact tables the report shows.
+        data: bulk data for other scripts (not rendered).
+        indent: JSON indentation; None writes the most compact form (for bulk ``data``).
 
     Returns:
         The path written.
+
+    Raises:
+        ConfigError: the file would break the schema (a plot names a missing key, a NaN).
+        TypeError: a value is not JSON data.
     """
     path = Path(path)
+    blob: dict[str, Any] = {
+        "schema": SCHEMA,
+        "benchmark": benchmark,
+        "title": title,
+        "meta": dict(meta),
+        "settings": dict(settings or {}),
+        "plots": [p.model_dump(exclude_defaults=True) for p in plots],
+        "tables": [t.model_dump(exclude_defaults=True) for t in tables],
+        "records": [dict(r) for r in records],
+    }
+    if data is not None:
+        blob["data"] = dict(data)
+    blob = json.loads(json.dumps(blob, default=_plain))  # numpy scalars -> Python numbers
+    validate_results(blob, str(path))
+    separators = (",", ":") if indent is None else None
+    text = json.dumps(blob, indent=indent, separators=separators, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"meta": dict(meta), "records": list(records)}, indent=2, default=str) + "\n"
-    )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
     return path

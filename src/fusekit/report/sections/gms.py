@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from fusekit.report.charts import bar_chart
 from fusekit.report.document import Section, Table, Text
-from fusekit.report.records import bar_chart
 from fusekit.report.tour import TourOptions
 
 #: Half the default synthetic graph: ~14,500 triples, 29,000 pairs over 90 relation segments.

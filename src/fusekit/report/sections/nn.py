@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fusekit.report.charts import bar_chart
 from fusekit.report.document import Section, Table, Text
-from fusekit.report.records import bar_chart
 from fusekit.report.tour import TourOptions
 from fusekit.search.measure import time_call
 
