@@ -180,16 +180,29 @@ def _problem(shape: str, seed: int, scale: float) -> tuple[Any, Any]:
     return wl, wl.problem()
 
 
-def _executor(name: str, workers: int | None) -> Any:
-    from fusekit.errors import expected
+def _executor(name: str, workers: int | None, address: str | None) -> Any:
+    """The executor of ``gms tune``: never two timings at once on one host's cores."""
+    from fusekit.errors import FusekitError, expected
     from fusekit.search import LocalExecutor, RayExecutor, SerialExecutor
 
+    if workers is not None and workers < 1:
+        raise ValueError(expected("gms tune", "--workers", "an int >= 1", workers))
     if name == "serial":
         return SerialExecutor()
     if name == "local":
-        return LocalExecutor(workers)
+        if workers is not None and workers > 1:
+            raise FusekitError(
+                expected(
+                    "gms tune",
+                    "--workers",
+                    "1 with --executor local (points timed side by side on one host share its "
+                    "cores and disturb each other's timings; use --executor ray on a cluster)",
+                    workers,
+                )
+            )
+        return LocalExecutor(1)
     if name == "ray":
-        return RayExecutor(workers)
+        return RayExecutor(workers, address, one_per_host=True)
     raise ValueError(expected("gms tune", "executor", "serial, local or ray", repr(name)))
 
 
@@ -205,29 +218,40 @@ def tune(
     ] = 0.05,
     exhaustive: Annotated[bool, typer.Option(help="Measure every point instead.")] = False,
     executor: Annotated[
-        str, typer.Option(help="serial, local (process pool) or ray (measurements in parallel).")
+        str,
+        typer.Option(
+            help="serial, local (one worker process) or ray (one point per Ray host at a time). "
+            "Points are never timed side by side on one host: more workers than hosts is refused."
+        ),
     ] = "serial",
-    workers: Annotated[int | None, typer.Option(help="Workers of local/ray executors.")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Points timed at once: at most the Ray cluster's hosts.")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster address ('auto': the running one); default a private one."),
+    ] = None,
     repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 5,
     cache: CacheOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Measure the model's best configurations of a problem; cache them; refit the model."""
     from fusekit.console import progress
-    from fusekit.gms.search import refit, space_configs
+    from fusekit.gms.search import checked, refit, space_configs
     from fusekit.gms.search import tune as run_tune
     from fusekit.hw import detect
     from fusekit.search import TuningCache, point_key
 
+    ex = _executor(executor, workers, address)  # refuses before anything is measured
     wl, problem = _problem(shape, seed, scale)
     target = detect()
-    store = TuningCache(cache)
+    store = checked(TuningCache(cache))
     with progress(f"tuning {wl.name} ({wl.num_pairs} pairs)", None) as bar:
 
         def advance(done: int, total: int) -> None:
             bar.update(bar.task_ids[0], completed=done, total=total)
 
-        with _executor(executor, workers) as ex:
+        with ex:
             result = run_tune(
                 problem,
                 k,
@@ -318,14 +342,21 @@ def explain_records(
 
     from fusekit.gms import model, plan
     from fusekit.gms.features import features, signature
-    from fusekit.gms.search import MODEL_NAME, hardware_key, operands, run_config, space_configs
+    from fusekit.gms.search import (
+        MODEL_NAME,
+        checked,
+        hardware_key,
+        operands,
+        run_config,
+        space_configs,
+    )
     from fusekit.gms.selector import select
     from fusekit.hw import detect
     from fusekit.search import TuningCache, time_call
 
     wl, problem = _problem(shape, seed, scale)
     target = detect()
-    store = TuningCache(cache)
+    store = checked(TuningCache(cache))
     has_scale = wl.scale is not None
     f = features(plan(problem), k, m, torch.float32, has_scale)
     coef = store.model(hardware_key(target), MODEL_NAME)

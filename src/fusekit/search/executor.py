@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
-from fusekit.errors import expected
+from fusekit.errors import FusekitError, expected
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -168,36 +168,70 @@ def _run_chunk(fn: Callable[[T], R], chunk: list[T]) -> list[R]:
     return [fn(item) for item in chunk]
 
 
+def _one_host_problem(workers: int, hosts: int) -> FusekitError:
+    return FusekitError(
+        expected(
+            "RayExecutor",
+            "workers",
+            f"at most {hosts}, the hosts of the Ray cluster, when timing (one point per host at "
+            "a time: points timed side by side share cores and disturb each other's timings)",
+            workers,
+        )
+    )
+
+
 class RayExecutor(_Closing):
     """Runs items as Ray tasks, locally or on a cluster (``pip install 'fusekit[distributed]'``).
 
-    ``ray`` is imported and initialised on the first :meth:`map`: with ``address`` it connects to
-    a running cluster (``"auto"`` finds the local one), otherwise it starts a private local
-    instance with ``workers`` CPUs. Items are sent ``chunksize`` at a time, one task per chunk.
+    ``ray`` is imported and initialised on the first use: with ``address`` it connects to a
+    running cluster (``"auto"`` finds the local one), otherwise it starts a private local
+    instance (one host) with ``workers`` CPUs. Items are sent ``chunksize`` at a time, one task
+    per chunk.
+
+    With ``one_per_host`` (for timing, as ``gms tune`` does) a host never runs two tasks at
+    once: each task is pinned to a node, and a host (nodes grouped by IP address) gets its next
+    task only when its last one is done, so ``workers`` hosts measure side by side, each alone
+    on its cores. More workers than hosts are refused; on a private local instance that means
+    any ``workers > 1``, refused here before Ray starts.
 
     Args:
-        workers: CPUs of the local instance, and the parallelism reported by :attr:`workers`;
-            ``None`` means :func:`default_workers`.
+        workers: tasks at once, and the parallelism reported by :attr:`workers`; ``None`` means
+            :func:`default_workers` (with ``one_per_host``: every host of the cluster).
         address: a Ray cluster address, or None for a private local instance.
+        one_per_host: at most one task per host at a time (see above).
 
     Raises:
         ValueError: ``workers`` is not a positive int.
+        FusekitError: ``one_per_host`` with more workers than hosts (here for a private
+            instance; on the first use for a cluster).
     """
 
-    def __init__(self, workers: int | None = None, address: str | None = None) -> None:
-        if workers is None:
-            workers = default_workers()
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+    def __init__(
+        self, workers: int | None = None, address: str | None = None, one_per_host: bool = False
+    ) -> None:
+        if workers is not None and (
+            not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+        ):
             raise ValueError(expected("RayExecutor", "workers", "an int >= 1", repr(workers)))
-        self._workers = workers
+        if one_per_host and address is None:
+            if workers is not None and workers > 1:
+                raise _one_host_problem(workers, 1)
+            workers = 1
+        if workers is None and not one_per_host:
+            workers = default_workers()
+        self._workers: int | None = workers
         self._address = address
+        self._one_per_host = one_per_host
+        self._nodes: list[str] = []
         self._started = False
         self._closed = False
 
     @property
     def workers(self) -> int:
-        """CPUs Ray may use for the tasks."""
-        return self._workers
+        """Tasks Ray may run at once (connects to the cluster to count its hosts if needed)."""
+        if self._workers is None:
+            self._ray()  # counts the hosts
+        return self._workers if self._workers is not None else 1
 
     def _ray(self) -> Any:
         try:
@@ -217,6 +251,16 @@ class RayExecutor(_Closing):
                     configure_logging=False,
                 )
             self._started = True
+        if self._one_per_host and not self._nodes:
+            hosts: dict[str, str] = {}
+            for node in ray.nodes():  # type: ignore[no-untyped-call]
+                if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) >= 1:
+                    hosts.setdefault(node["NodeManagerAddress"], node["NodeID"])
+            if self._workers is None:
+                self._workers = max(1, len(hosts))
+            if self._workers > len(hosts):
+                raise _one_host_problem(self._workers, len(hosts))
+            self._nodes = list(hosts.values())[: self._workers]
         return ray
 
     def map(self, fn: Callable[[T], R], items: Iterable[T], chunksize: int = 1) -> list[R]:
@@ -225,6 +269,7 @@ class RayExecutor(_Closing):
         Raises:
             RuntimeError: the executor was closed.
             ImportError: ray is not installed.
+            FusekitError: ``one_per_host`` and the cluster has fewer hosts than workers.
         """
         _check_chunksize(chunksize)
         if self._closed:
@@ -236,8 +281,31 @@ class RayExecutor(_Closing):
         task = ray.remote(_run_chunk)
         chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
         fn_ref = ray.put(fn)
-        results = ray.get([task.remote(fn_ref, chunk) for chunk in chunks])
-        return [r for chunk in results for r in chunk]
+        if not self._one_per_host:
+            results = ray.get([task.remote(fn_ref, chunk) for chunk in chunks])
+            return [r for chunk in results for r in chunk]
+        return [r for chunk in self._one_per_node(ray, task, fn_ref, chunks) for r in chunk]
+
+    def _one_per_node(self, ray: Any, task: Any, fn_ref: Any, chunks: list[Any]) -> list[Any]:
+        """Run ``chunks`` with at most one task in flight per node of :attr:`_nodes`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        results: list[Any] = [None] * len(chunks)
+        running: dict[Any, tuple[str, int]] = {}
+        free, following = list(self._nodes), 0
+        while following < len(chunks) or running:
+            while free and following < len(chunks):
+                node = free.pop()
+                strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+                pinned = task.options(scheduling_strategy=strategy)
+                running[pinned.remote(fn_ref, chunks[following])] = (node, following)
+                following += 1
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                node, i = running.pop(ref)
+                results[i] = ray.get(ref)
+                free.append(node)
+        return results
 
     def close(self) -> None:
         """Shut down the local Ray instance this executor started (a cluster stays up)."""
