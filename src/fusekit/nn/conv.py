@@ -15,7 +15,14 @@ Per kernel map, once: the map's first pass (numba on the CPU: every pair found a
 features from those counts, the gms selector's choice of strategy and configuration for the
 layer's widths and dtype, and the second pass writing the pairs straight into the plan with the
 choice's knobs (:mod:`fusekit.nn.kmap`). Layers that share an ``indice_key`` share the map (as
-in spconv), and repeated forwards on the same :class:`SparseTensor` do no planning.
+in spconv), and repeated forwards on the same :class:`SparseTensor` do no planning. A cached map
+is used only while its indices hold what they held when it was built: every use compares their
+:func:`fusekit.nn.engine.fingerprint` (one pass over the ``[N, 4]`` indices, about 0.1% of a
+forward at 100k voxels), so an in-place edit, even one the version counter misses (through
+``.data`` or a numpy array sharing the memory), builds and checks the map again.
+
+Grids are checked before any kernel runs (:mod:`fusekit.nn.grid`): integer sizes (6.7 is
+refused, not truncated), ``batch_size >= 1``, and ``B Z Y X < 2^63`` so that voxel keys fit int64.
 
 When to prefer which: ``SubMConv3d`` keeps the active set (outputs = inputs); ``SparseConv3d``
 with stride 2 halves the resolution and creates outputs wherever a kernel window reaches one
@@ -35,7 +42,8 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.nn import kmap as km
-from fusekit.nn.engine import local_target, strategy_for
+from fusekit.nn.engine import fingerprint, local_target, strategy_for
+from fusekit.nn.grid import MAX_AXIS, check_grid
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan
@@ -59,12 +67,16 @@ class ConvMap:
             other), so a layer's input gradient may run on its forward plan
             (:func:`fusekit.gms.dispatch.mark_mirrored`).
         plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
+        fingerprint: :func:`fusekit.nn.engine.fingerprint` of ``indices`` when the map was
+            built (set for maps cached under an ``indice_key``): a map whose indices no longer
+            match it is built again.
     """
 
     indices: torch.Tensor
     hits: km.Hits | None = None
     subm: bool = False
     built: km.KernelMap | None = None
+    fingerprint: tuple[Any, ...] | None = None
     plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
         default_factory=dict
     )
@@ -138,9 +150,11 @@ class SparseTensor:
     Attributes:
         features: ``[N, C]`` float32/float64/bfloat16.
         indices: ``[N, 4]`` int32 distinct voxels ``(b, z, y, x)``.
-        spatial_shape: ``(Z, Y, X)``.
-        batch_size: batches.
-        maps: kernel maps by ``indice_key``, shared with the tensors that layers return.
+        spatial_shape: ``(Z, Y, X)``, ints in ``[1, 2^31]``.
+        batch_size: batches, an int in ``[1, 2^31]``; ``B Z Y X < 2^63``
+            (:func:`fusekit.nn.grid.check_grid`).
+        maps: kernel maps by ``indice_key``, shared with the tensors that layers return; each
+            is used while the indices keep the contents it was built on (a content check).
     """
 
     features: torch.Tensor
@@ -167,9 +181,9 @@ class SparseTensor:
             raise ValueError(
                 expected("SparseTensor", "features", "[N, C]", tuple(self.features.shape))
             )
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
-            raise TypeError(expected("SparseTensor", "batch_size", "an int", self.batch_size))
-        self.spatial_shape = tuple(int(n) for n in self.spatial_shape)  # type: ignore[assignment]
+        self.spatial_shape, self.batch_size = check_grid(
+            self.spatial_shape, self.batch_size, "SparseTensor"
+        )
         km.check_indices(self.indices, self.spatial_shape, self.batch_size)
         if self.indices.shape[0] != self.features.shape[0]:
             raise ValueError(
@@ -212,8 +226,8 @@ class SparseTensor:
     @classmethod
     def from_spconv(cls, tensor: Any) -> SparseTensor:
         """From spconv's ``SparseConvTensor`` (features, indices, shape and batch size)."""
-        shape = tuple(int(n) for n in tensor.spatial_shape)
-        return cls(tensor.features, tensor.indices, shape, int(tensor.batch_size))  # type: ignore[arg-type]
+        shape = tuple(tensor.spatial_shape)
+        return cls(tensor.features, tensor.indices, shape, tensor.batch_size)  # type: ignore[arg-type]
 
     def to_spconv(self) -> Any:
         """To spconv's ``SparseConvTensor`` (needs spconv; indices as int32)."""
@@ -246,9 +260,15 @@ def conv_reference(
 
 
 def _triple(name: str, value: int | tuple[int, ...], low: int) -> tuple[int, int, int]:
+    if not isinstance(value, int | tuple | list):
+        raise ValueError(expected("sparse conv", name, f"an int in [{low}, {MAX_AXIS}]", value))
     values = (value,) * 3 if isinstance(value, int) else tuple(value)
-    if len(values) != 3 or any(not isinstance(v, int) or v < low for v in values):
-        raise ValueError(expected("sparse conv", name, f"an int >= {low} or 3 of them", value))
+    if len(values) != 3 or any(
+        isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_AXIS for v in values
+    ):
+        raise ValueError(
+            expected("sparse conv", name, f"an int in [{low}, {MAX_AXIS}] or 3 of them", value)
+        )
     return values  # type: ignore[return-value]
 
 
@@ -316,7 +336,7 @@ class _SparseConv(torch.nn.Module):
 
     def _map(self, x: SparseTensor) -> ConvMap:
         cached = x.maps.get(self.indice_key) if self.indice_key is not None else None
-        if cached is not None:
+        if cached is not None and fingerprint(cached.indices) == cached.fingerprint:
             if cached.indices is not x.indices and not torch.equal(cached.indices, x.indices):
                 raise ValueError(
                     expected(
@@ -327,6 +347,7 @@ class _SparseConv(torch.nn.Module):
                     )
                 )
             return cached
+        # no map, or its indices were edited in place since it was built: build (again)
         if x.indices.device.type == "cpu":
             shape, stride = x.spatial_shape, self.stride
             hits = km.find_hits(x.indices, shape, x.batch_size, stride, self.padding, self.subm)
@@ -337,6 +358,7 @@ class _SparseConv(torch.nn.Module):
             )
             entry = ConvMap(x.indices, built=built, subm=self.subm)
         if self.indice_key is not None:
+            entry.fingerprint = fingerprint(x.indices)
             x.maps[self.indice_key] = entry
         return entry
 
@@ -403,7 +425,9 @@ class SubMConv3d(_SparseConv):
         padding: ignored, as spconv's submanifold convolution.
         dilation: 1.
         bias: add a learned bias.
-        indice_key: layers with one key share a kernel map on a :class:`SparseTensor`.
+        indice_key: layers with one key share a kernel map on a :class:`SparseTensor`, kept
+            while its indices are unchanged (a fingerprint of their contents is compared on
+            every use, so in-place edits of the indices, tracked or not, rebuild it).
         strategy: ``"auto"`` (the gms selector's choice; under autograd the device's
             :data:`~fusekit.nn.engine.TRAINING_STRATEGY`) or a gms dataflow to run pairwise,
             e.g. ``"G-Mseg-S"``.

@@ -56,6 +56,8 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import scratch
+from fusekit.nn.grid import MAX_VOXELS, check_grid, check_output_grid
+from fusekit.nn.grid import output_shape as output_shape
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan, GMSProblem
@@ -113,13 +115,6 @@ class KernelMap:
             n_in=self.n_in,
             num_segments=KERNEL_VOLUME,
         )
-
-
-def output_shape(
-    shape: tuple[int, int, int], stride: tuple[int, int, int], padding: tuple[int, int, int]
-) -> tuple[int, int, int]:
-    """``floor((S + 2p - 3) / s) + 1`` per axis (kernel 3, dilation 1), as spconv's."""
-    return tuple((n + 2 * p - 3) // s + 1 for n, s, p in zip(shape, stride, padding, strict=True))  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -924,12 +919,14 @@ def find_hits(
         TypeError, ValueError: see :func:`check_indices`; duplicate voxels; indices not on
             the CPU.
     """
-    check_indices(indices, spatial_shape, batch_size)
+    shape = check_indices(indices, spatial_shape, batch_size)
     if indices.device.type != "cpu":
         raise ValueError(expected("find_hits", "indices", "on the CPU", indices.device))
-    shape: tuple[int, int, int] = tuple(int(n) for n in spatial_shape)  # type: ignore[assignment]
     if subm:
         stride, padding = (1, 1, 1), (1, 1, 1)
+        out_shape = shape
+    else:
+        out_shape, stride, padding = check_output_grid(shape, int(batch_size), stride, padding)
     coords = indices.numpy()
     keys, rows, ascending = _linear_keys(coords, *shape)
     order = np.arange(len(keys)) if ascending else np.argsort(keys, kind="stable")
@@ -939,7 +936,6 @@ def find_hits(
         if len(same):
             row = int(max(order[same[0]], order[same[0] + 1]))
             raise ValueError(_duplicate_message(coords, row))
-    out_shape = shape if subm else output_shape(shape, stride, padding)
     sorted_rows, sorted_x = (rows, coords[:, 3]) if ascending else (rows[order], coords[order, 3])
     in_rows, in_ptr, in_x, in_run = _row_runs(sorted_rows, sorted_x)
     if subm:
@@ -1037,31 +1033,40 @@ def _outside_reference(indices: torch.Tensor, bounds: torch.Tensor) -> bool:
 
 def check_indices(
     indices: torch.Tensor, spatial_shape: tuple[int, int, int], batch_size: int
-) -> None:
+) -> tuple[int, int, int]:
     """Raise unless ``indices`` are ``[N, 4]`` int32/int64 voxels inside the shape and batches.
 
+    The grid itself is checked first (:func:`fusekit.nn.grid.check_grid`: integer sizes, and
+    linear keys that fit int64).
+
+    Returns:
+        ``spatial_shape`` as 3 ints.
+
     Raises:
-        TypeError: not an integer tensor.
-        ValueError: another shape, or a voxel outside ``[0, batch_size) x spatial_shape``.
+        TypeError: not an integer tensor; sizes that are not integers.
+        ValueError: another shape, a grid out of range, more than ``2^31 - 1`` voxels, or a
+            voxel outside ``[0, batch_size) x spatial_shape``.
     """
     import torch
 
+    spatial_shape, batch_size = check_grid(spatial_shape, batch_size)
     if not isinstance(indices, torch.Tensor):
         raise TypeError(expected("sparse conv", "indices", "a torch.Tensor", type(indices)))
     if indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             expected("sparse conv", "indices", "int32 or int64", str(indices.dtype).split(".")[-1])
         )
-    if indices.dim() != 2 or indices.shape[1] != 4:
+    if indices.dim() != 2 or indices.shape[1] != 4 or indices.shape[0] > MAX_VOXELS:
         raise ValueError(
-            expected("sparse conv", "indices", "[N, 4] (b, z, y, x)", tuple(indices.shape))
-        )
-    if len(spatial_shape) != 3 or any(int(n) < 1 for n in spatial_shape):
-        raise ValueError(
-            expected("sparse conv", "spatial_shape", "3 positive sizes (Z, Y, X)", spatial_shape)
+            expected(
+                "sparse conv",
+                "indices",
+                f"[N, 4] (b, z, y, x) with N <= {MAX_VOXELS}",
+                tuple(indices.shape),
+            )
         )
     if indices.shape[0] == 0:
-        return
+        return spatial_shape
     bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
     if indices.device.type == "cpu" and indices.is_contiguous():
         outside = _outside(indices.numpy(), bounds.numpy())
@@ -1079,6 +1084,7 @@ def check_indices(
                 f"{tuple(int(v) for v in indices[row])} at row {row}",
             )
         )
+    return spatial_shape
 
 
 def build(
@@ -1107,8 +1113,7 @@ def build(
     """
     stride, padding = ((1, 1, 1), (1, 1, 1)) if subm else (tuple(stride), tuple(padding))  # type: ignore[assignment]
     if isinstance(indices, torch.Tensor) and indices.device.type != "cpu":
-        shape = tuple(int(n) for n in spatial_shape)
-        return build_reference(indices, shape, batch_size, stride, padding, subm)  # type: ignore[arg-type]
+        return build_reference(indices, spatial_shape, batch_size, stride, padding, subm)
     return find_hits(indices, spatial_shape, batch_size, stride, padding, subm).kernel_map()
 
 
@@ -1129,7 +1134,11 @@ def build_reference(
 
     from fusekit.gms.workloads import probe_pairs
 
-    check_indices(indices, spatial_shape, batch_size)
+    spatial_shape = check_indices(indices, spatial_shape, batch_size)
+    if not subm:
+        out_shape, stride, padding = check_output_grid(
+            spatial_shape, int(batch_size), stride, padding
+        )
     dev = indices.device
     shape = torch.tensor(spatial_shape, device=dev)
     stride_t, pad_t = (
@@ -1150,10 +1159,9 @@ def build_reference(
         torch.meshgrid(*(torch.arange(3, device=dev),) * 3, indexing="ij"), -1
     ).reshape(-1, 3)
     if subm:
-        out_shape = tuple(int(n) for n in spatial_shape)
+        out_shape = spatial_shape
         out = c
     else:
-        out_shape = output_shape(tuple(spatial_shape), tuple(stride), tuple(padding))  # type: ignore[arg-type]
         sizes_out = torch.tensor(out_shape, device=dev)
         q = c[:, None, 1:] + pad_t - offsets  # [N, 27, 3]
         ok = ((q % stride_t) == 0).all(-1) & (q >= 0).all(-1)

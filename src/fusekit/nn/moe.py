@@ -44,7 +44,7 @@ from torch.nn import functional as F
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 from fusekit.nn.engine import needs_grad, prepare
-from fusekit.nn.moe_decode import decode_applies, experts_decode
+from fusekit.nn.moe_decode import check_routing, decode_applies, experts_decode
 
 
 class MoE(nn.Module):
@@ -133,7 +133,22 @@ class MoE(nn.Module):
     def experts(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """The expert half: ``y[t] = sum_j weights[t, j] * SwiGLU_{experts[t, j]}(x[t])``."""
+        """The expert half: ``y[t] = sum_j weights[t, j] * SwiGLU_{experts[t, j]}(x[t])``.
+
+        Args:
+            x: ``[T, hidden]``, the expert weights' dtype and device.
+            experts: ``[T, k]`` int32/int64 expert ids in ``[0, num_experts)``.
+            weights: ``[T, k]`` floating-point routing weights.
+
+        Returns:
+            ``[T, hidden]``.
+
+        Raises:
+            TypeError, ValueError: operands that disagree in shape, dtype or device
+                (:func:`fusekit.nn.moe_decode.check_routing`: checked before any kernel
+                runs); an expert id outside ``[0, num_experts)``.
+        """
+        check_routing(x, experts, weights, self.w_gate_up, self.w_down)
         if self.strategy == "auto":
             if not needs_grad(x, self.w_gate_up, self.w_down, weights) and decode_applies(
                 x, experts, self.num_experts
@@ -278,6 +293,15 @@ def expert_segments_forward(
     from fusekit.gms.kernels.cpu.rows import scratch
 
     rows, ffn, hidden = seg.token.shape[0], w_down.shape[1], w_down.shape[2]
+    if seg.token_ptr.shape[0] != x.shape[0] + 1 or tuple(scale.shape) != (rows,):
+        raise ValueError(
+            expected(
+                "expert_segments_forward",
+                "seg",
+                f"the segments of {x.shape[0]} tokens (rows of 'x') with a scale per pair",
+                f"{seg.token_ptr.shape[0] - 1} tokens, {rows} pairs, scale {list(scale.shape)}",
+            )
+        )
 
     def buffer(name: str, cols: int) -> torch.Tensor:
         if keep or not _host(x):

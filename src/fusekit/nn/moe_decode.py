@@ -180,6 +180,79 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
     return DONE
 
 
+def _describe(t: object) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).split('.')[-1]} {list(t.shape)} on {t.device}"
+
+
+def check_routing(
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    where: str = "MoE",
+) -> None:
+    """Raise unless the expert half's operands agree, before any kernel reads them.
+
+    O(1) (shapes, dtypes, devices); the expert ids' range is checked where they are read (the
+    sort of the decode kernel, :meth:`fusekit.nn.moe.ExpertSegments.of`, the gms problem).
+
+    Args:
+        x: ``[T, hidden]`` floating point.
+        experts: ``[T, k]`` int32/int64 expert ids, ``k >= 1`` (one row per row of ``x``).
+        weights: ``[T, k]`` floating-point routing weights.
+        w_gate_up: ``[E, hidden, 2 ffn]``, ``x``'s dtype.
+        w_down: ``[E, ffn, hidden]``, ``x``'s dtype.
+        where: the caller named in errors.
+
+    Raises:
+        TypeError: a non-tensor, float (or bool) expert ids, integer weights, or a dtype that
+            is not the expert weights'.
+        ValueError: disagreeing shapes or devices.
+    """
+    named = (("x", x), ("experts", experts), ("weights", weights))
+    named += (("w_gate_up", w_gate_up), ("w_down", w_down))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(expected(where, name, "a torch.Tensor", _describe(t)))
+    if not x.is_floating_point() or x.dim() != 2:
+        raise TypeError(expected(where, "x", "[T, hidden] floating point", _describe(x)))
+    tokens, hidden = x.shape
+    if experts.dtype not in (torch.int32, torch.int64):
+        raise TypeError(expected(where, "experts", "int32 or int64 expert ids", _describe(experts)))
+    if experts.dim() != 2 or experts.shape[0] != tokens or experts.shape[1] < 1:
+        raise ValueError(
+            expected(
+                where, "experts", f"[{tokens}, k >= 1] (a row per token of 'x')", _describe(experts)
+            )
+        )
+    if not weights.is_floating_point():
+        raise TypeError(
+            expected(where, "weights", "floating-point routing weights", _describe(weights))
+        )
+    if weights.shape != experts.shape:
+        raise ValueError(
+            expected(where, "weights", f"{list(experts.shape)} like 'experts'", _describe(weights))
+        )
+    if w_gate_up.dim() != 3 or w_gate_up.shape[1] != hidden or w_gate_up.shape[2] % 2:
+        raise ValueError(
+            expected(where, "w_gate_up", f"[E, {hidden}, 2 ffn]", _describe(w_gate_up))
+        )
+    num_experts, ffn = w_gate_up.shape[0], w_gate_up.shape[2] // 2
+    if tuple(w_down.shape) != (num_experts, ffn, hidden):
+        raise ValueError(
+            expected(where, "w_down", f"[{num_experts}, {ffn}, {hidden}]", _describe(w_down))
+        )
+    for name, t in named[1:]:
+        if t.device != x.device:
+            raise ValueError(expected(where, name, f"on {x.device} like 'x'", t.device))
+    for name, t in named[3:]:
+        if t.dtype != x.dtype:
+            raise TypeError(expected(where, "x", f"{t.dtype} like '{name}'", x.dtype))
+
+
 def decode_applies(x: torch.Tensor, experts: torch.Tensor, num_experts: int) -> bool:
     """Whether :func:`experts_decode` may run on these inputs.
 
@@ -215,8 +288,10 @@ def experts_decode(
         caller's general path is faster there).
 
     Raises:
-        ValueError: an expert id outside ``[0, E)``.
+        TypeError, ValueError: operands that disagree (:func:`check_routing`); an expert id
+            outside ``[0, E)``.
     """
+    check_routing(x, experts, weights, w_gate_up, w_down)
     x = x.contiguous()
     out = x.new_empty(x.shape[0], w_down.shape[2])
     status = _decode_kernel(
@@ -242,4 +317,4 @@ def experts_decode(
     return out if status == DONE else None
 
 
-__all__ = ["decode_applies", "experts_decode"]
+__all__ = ["check_routing", "decode_applies", "experts_decode"]

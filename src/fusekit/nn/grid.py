@@ -1,0 +1,145 @@
+r"""The voxel grid of sparse 3-D convolution: its sizes, its linear keys and their limits.
+
+Voxels ``(b, z, y, x)`` live in ``[0, B) x [0, Z) x [0, Y) x [0, X)``; the kernel-map builders
+(:mod:`fusekit.nn.kmap`) key them by
+
+.. math::
+
+    \mathrm{key}(b, z, y, x) = ((b Z + z) Y + y) X + x \;<\; B Z Y X
+
+in int64, and store coordinates and input rows as int32 (spconv's indices). So a grid is
+accepted only when
+
+* every size (``B``, ``Z``, ``Y``, ``X``) is an int in ``[1, 2^31]`` (a float such as 6.7 is
+  refused, never truncated),
+* ``B Z Y X < 2^63`` (every key and every partial product of one fits int64: a larger grid
+  would wrap, giving wrong pairs, distinct voxels reported as duplicates, or a division by
+  zero in the builder),
+
+and a strided convolution's output grid ``floor((S + 2p - 3) / s) + 1`` must pass the same test
+(with ``1 <= s, 0 <= p <= 2^31``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+from fusekit.errors import expected
+
+#: Largest size of one axis of the grid, batches included (coordinates are int32).
+MAX_AXIS = 2**31
+#: Grids must have fewer cells ``B Z Y X`` than this (linear keys are int64).
+MAX_CELLS = 2**63
+#: Largest number of voxels (input rows are stored as int32).
+MAX_VOXELS = 2**31 - 1
+
+
+def _size(where: str, arg: str, value: Any, low: int, high: int, what: str) -> int:
+    """``value`` as an int in ``[low, high]``, or a TypeError / ValueError naming ``arg``."""
+    if isinstance(value, bool):
+        raise TypeError(expected(where, arg, what, repr(value)))
+    try:
+        n = operator.index(value)
+    except TypeError as e:
+        raise TypeError(expected(where, arg, what, repr(value))) from e
+    if not low <= n <= high:
+        raise ValueError(expected(where, arg, what, n))
+    return n
+
+
+def check_grid(
+    spatial_shape: Sequence[Any], batch_size: Any, where: str = "sparse conv"
+) -> tuple[tuple[int, int, int], int]:
+    """The grid's ``(Z, Y, X)`` and ``B`` as ints, after the checks of the module docstring.
+
+    Args:
+        spatial_shape: ``(Z, Y, X)``: 3 ints (Python, numpy or 0-d integer tensors).
+        batch_size: ``B``, an int.
+        where: the caller named in errors.
+
+    Returns:
+        ``((Z, Y, X), B)``.
+
+    Raises:
+        TypeError: a size or ``batch_size`` that is not an integer.
+        ValueError: not 3 sizes, a size outside ``[1, 2^31]``, or ``B Z Y X >= 2^63``.
+    """
+    what = f"3 ints in [1, {MAX_AXIS}] (Z, Y, X)"
+    try:
+        sizes = tuple(spatial_shape)
+    except TypeError as e:
+        raise TypeError(expected(where, "spatial_shape", what, repr(spatial_shape))) from e
+    if len(sizes) != 3:
+        raise ValueError(expected(where, "spatial_shape", what, repr(spatial_shape)))
+    shape = tuple(_size(where, "spatial_shape", n, 1, MAX_AXIS, what) for n in sizes)
+    batch = _size(where, "batch_size", batch_size, 1, MAX_AXIS, f"an int in [1, {MAX_AXIS}]")
+    cells = batch * shape[0] * shape[1] * shape[2]
+    if cells >= MAX_CELLS:
+        raise ValueError(
+            expected(
+                where,
+                "spatial_shape",
+                f"a grid of fewer than 2**63 cells with batch_size {batch} (int64 voxel keys)",
+                f"{shape}: {batch} x {shape[0]} x {shape[1]} x {shape[2]} = {cells}",
+            )
+        )
+    return shape, batch  # type: ignore[return-value]
+
+
+def output_shape(
+    shape: tuple[int, int, int], stride: tuple[int, int, int], padding: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """``floor((S + 2p - 3) / s) + 1`` per axis (kernel 3, dilation 1), as spconv's."""
+    return tuple((n + 2 * p - 3) // s + 1 for n, s, p in zip(shape, stride, padding, strict=True))  # type: ignore[return-value]
+
+
+def check_output_grid(
+    shape: tuple[int, int, int],
+    batch_size: int,
+    stride: Sequence[Any],
+    padding: Sequence[Any],
+    where: str = "sparse conv",
+) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
+    """A strided convolution's ``(out_shape, stride, padding)`` after the module's checks.
+
+    Args:
+        shape: the checked input ``(Z, Y, X)`` (:func:`check_grid`).
+        batch_size: the checked ``B``.
+        stride: 3 ints in ``[1, 2^31]``.
+        padding: 3 ints in ``[0, 2^31]``.
+        where: the caller named in errors.
+
+    Returns:
+        The output shape (:func:`output_shape`), stride and padding as ints.
+
+    Raises:
+        TypeError: a stride or padding that is not an integer.
+        ValueError: not 3 of them, one out of range, an output axis of no voxel
+            (``S + 2p < 3``), or an output grid of ``2^63`` cells or more.
+    """
+    steps: list[tuple[int, int, int]] = []
+    for arg, values, low in (("stride", stride, 1), ("padding", padding, 0)):
+        what = f"3 ints in [{low}, {MAX_AXIS}]"
+        items = tuple(values)
+        if len(items) != 3:
+            raise ValueError(expected(where, arg, what, repr(values)))
+        steps.append(tuple(_size(where, arg, v, low, MAX_AXIS, what) for v in items))  # type: ignore[arg-type]
+    s, p = steps
+    out = output_shape(shape, s, p)
+    cells = batch_size * out[0] * out[1] * out[2]
+    if min(out) < 1 or max(out) > MAX_AXIS or cells >= MAX_CELLS:
+        raise ValueError(
+            expected(
+                where,
+                "padding",
+                f"an output grid of {shape} with sizes in [1, {MAX_AXIS}] and fewer than 2**63 "
+                f"cells with batch_size {batch_size} (stride {s})",
+                f"padding {p}: output {out}",
+            )
+        )
+    return out, s, p
+
+
+__all__ = ["MAX_AXIS", "MAX_CELLS", "MAX_VOXELS", "check_grid", "check_output_grid", "output_shape"]
