@@ -84,13 +84,50 @@ def tour(
 _mount_groups()
 
 
-def main() -> None:
-    """Entry point of the ``fusekit`` script."""
+def _one_line(message: object) -> str:
+    """``message`` on one line: a multi-line message (a user's exception) has its lines joined."""
+    return " / ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def _usage_error(e: Exception) -> str:
+    """A click usage error (unknown option, bad value, missing argument) as one line."""
+    ctx = getattr(e, "ctx", None)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    return f"{where}{e.format_message()}"  # type: ignore[attr-defined]
+
+
+#: The base of click's errors; typer >= 0.2x vendors click, so it is found through typer.
+_CLICK_ERROR: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``fusekit`` script.
+
+    Every failure a user can cause ends as one line on stderr, ``error: ...``, with exit status
+    2: usage errors (an unknown option, a missing argument, an option value out of range) and
+    the errors fusekit raises on bad input or files. ``FUSEKIT_DEBUG=1`` shows the traceback.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+    """
     try:
-        app()
+        code = app(args=argv, prog_name="fusekit", standalone_mode=False)
+    except _CLICK_ERROR as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # the help is printed already
+            sys.exit(2)
+        if os.environ.get("FUSEKIT_DEBUG"):
+            raise
+        print(f"error: {_one_line(_usage_error(e))}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(1)
     except (FusekitError, ValueError, TypeError, KeyError, OSError) as e:
         if os.environ.get("FUSEKIT_DEBUG"):
             raise
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_one_line(message)}", file=sys.stderr)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -12,11 +12,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 err_console = Console(stderr=True)
+#: Wide enough for any table: ``--wide`` output is never wrapped or folded.
+WIDE_COLUMNS = 10_000
 
 
 def print_json(data: Any) -> None:
@@ -24,19 +27,48 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """Print a rich table; cells are turned to text with :func:`fmt`."""
-    table = Table(title=title, title_justify="left")
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, wide: bool = False
+) -> None:
+    """Print a rich table; cells are turned to text with :func:`fmt`.
+
+    The table fits the terminal (80 columns when stdout is not one): cells wrap at spaces and
+    fold inside long words, so nothing is cut. ``wide`` prints every cell on one line instead,
+    however long the lines get (the ``--wide`` flag of the commands).
+    """
+    table = Table(title=Text(title), title_justify="left")
     for column in columns:
-        table.add_column(column)
+        table.add_column(Text(column), overflow="fold", no_wrap=wide)
     for row in rows:
-        table.add_row(*(fmt(cell) for cell in row))
-    console.print(table)
+        table.add_row(*(Text(fmt(cell)) for cell in row))
+    if wide:
+        Console(width=WIDE_COLUMNS).print(table, crop=False)
+    else:
+        console.print(table)
+
+
+def print_text(text: str, *, wide: bool = False) -> None:
+    """Print plain text to stdout, wrapped at spaces to the terminal's width unless ``wide``."""
+    if wide:
+        print(text)
+    else:
+        console.print(text, markup=False, highlight=False, overflow="fold")
+
+
+class _Count(ProgressColumn):
+    """``done/total``, or ``done`` while the total is not known yet (never ``0/None``)."""
+
+    def render(self, task: Task) -> Text:
+        done = int(task.completed)
+        return Text(f"{done}/{int(task.total)}" if task.total is not None else f"{done}")
 
 
 @contextmanager
 def progress(description: str, total: int | None) -> Iterator[Progress]:
     """A progress bar on stderr for work longer than about 2 s.
+
+    With ``total=None`` the bar pulses until the caller sets a total. Nothing is drawn when
+    stderr is not a terminal, so that logs and the one-line errors of the CLI stay clean.
 
     Yields:
         The rich Progress; the caller advances task 0.
@@ -44,10 +76,11 @@ def progress(description: str, total: int | None) -> Iterator[Progress]:
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        _Count(),
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,
     )
     with bar:
         bar.add_task(description, total=total)
