@@ -16,9 +16,13 @@ ends the loop before a solution passes every lazy check.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fusekit.errors import expected
 
@@ -109,8 +113,7 @@ def solve_partition(
                 expected("solve_partition", "warm_start", "a partition", list(warm_start))
             )
     start = time.perf_counter()
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.setOptionValue("mip_rel_gap", 1e-9)
     n = len(sets)
     for w in weights:
@@ -173,6 +176,57 @@ def solve_partition(
         tuple(best), objective, float(min(bound, objective)), time.perf_counter() - start,
         rounds, cuts, False, True,
     )  # fmt: skip
+
+
+_BANNER_LOCK = threading.Lock()
+_banner_shown = False
+
+
+def quiet_highs() -> Any:
+    """A ``highspy.Highs`` that prints nothing, on stdout or stderr.
+
+    HiGHS prints its banner ("Running HiGHS ...") from C on the process's stdout when the first
+    solver of a process is constructed, before any option can be set; that would break every
+    ``--json`` output. The first construction therefore runs with file descriptor 1 pointed at
+    the null device (C's buffer flushed before it is restored); then ``output_flag`` and
+    ``log_to_console`` are switched off.
+    """
+    import highspy
+
+    global _banner_shown
+    with _BANNER_LOCK:
+        if _banner_shown:
+            h = highspy.Highs()  # type: ignore[no-untyped-call]
+        else:
+            h = _construct_silently(highspy.Highs)
+            _banner_shown = True
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("log_to_console", False)
+    return h
+
+
+def _construct_silently(make: Callable[[], Any]) -> Any:
+    """``make()`` with the C-level stdout discarded (plain ``make()`` where fds are unusable)."""
+    import ctypes
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        return make()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        made = make()
+        try:
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):  # no C library handle (not a POSIX libc)
+            pass
+        return made
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
 
 
 def _is_partition(chosen: list[int], sets: Sequence[Collection[int]], n_items: int) -> bool:
