@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fusekit.errors import expected
+from fusekit.errors import FusekitError, expected
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,8 @@ def call_factory(spec: str) -> tuple[Any, str, str]:
     Raises:
         ValueError: if ``spec`` is not ``file.py:factory``, the file is missing or has no such
             function.
+        FusekitError: the file does not import (a syntax error, a missing module, an
+            exception at import) or the factory raises; one line naming the file and the error.
     """
     path_text, _, factory_name = spec.rpartition(":")
     path = Path(path_text)
@@ -301,13 +303,28 @@ def call_factory(spec: str) -> tuple[Any, str, str]:
     if module_spec is None or module_spec.loader is None:
         raise ValueError(expected("examples", "model", "a Python file", str(path)))
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:  # the user's code: any failure is reported, not raised
+        raise FusekitError(f"{path}: cannot import it: {_describe(e)}") from e
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ValueError(
             expected("examples", "factory", f"a function in {path.name}", factory_name)
         )
-    return factory(), factory_name, path.name
+    try:
+        made = factory()
+    except (Exception, SystemExit) as e:
+        raise FusekitError(f"{path}: {factory_name}() raised {_describe(e)}") from e
+    return made, factory_name, path.name
+
+
+def _describe(e: BaseException) -> str:
+    """``"SyntaxError: invalid syntax (line 3)"``: an exception from a user's file, briefly."""
+    if isinstance(e, SyntaxError):
+        return f"{type(e).__name__}: {e.msg} (line {e.lineno})"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def as_example(made: Any, factory_name: str, file_name: str) -> Example | None:
