@@ -16,6 +16,8 @@ app = typer.Typer(
 )
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+#: Largest -M, -N, -K (2**24: cycle and energy totals stay exact in float64).
+MAX_EXTENT = 2**24
 
 
 def _breakdown_rows(b: Any) -> list[tuple[Any, ...]]:
@@ -82,12 +84,14 @@ def explore(
         str, typer.Argument(help="gemm, gemm_softmax, gemm_layernorm, attention, or a YAML file.")
     ] = "gemm_softmax",
     hw: Annotated[str, typer.Option(help="Accelerator preset or YAML file.")] = "edge",
-    m: Annotated[int, typer.Option("-M", help="Rows (queries).")] = 256,
-    n: Annotated[int, typer.Option("-N", help="Columns (keys).")] = 256,
-    k: Annotated[int, typer.Option("-K", help="Contraction (head dim).")] = 128,
+    m: Annotated[int, typer.Option("-M", help="Rows (queries).", min=1, max=MAX_EXTENT)] = 256,
+    n: Annotated[int, typer.Option("-N", help="Columns (keys).", min=1, max=MAX_EXTENT)] = 256,
+    k: Annotated[
+        int, typer.Option("-K", help="Contraction (head dim).", min=1, max=MAX_EXTENT)
+    ] = 128,
     objective: Annotated[str, typer.Option(help="latency, energy or edp.")] = "latency",
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
-    top: Annotated[int, typer.Option(help="Rows of the Pareto table.")] = 10,
+    workers: Annotated[int, typer.Option(help="Worker processes.", min=1)] = 1,
+    top: Annotated[int, typer.Option(help="Rows of the Pareto table.", min=1)] = 10,
     plot: Annotated[Path | None, typer.Option(help="Write the Pareto plot (PNG) here.")] = None,
     space: Annotated[
         str, typer.Option(help="fusekit (flat knobs) or comet (COMET's 8-level tilings).")
@@ -225,7 +229,8 @@ def _explore_comet(
         sp = Space.builtin(problem, arch)
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
-    result = sp.search(dims, fixed, workers=workers)
+    with progress("accel explore: scoring COMET tilings", None):
+        result = sp.search(dims, fixed, workers=workers)
     best = result.best
     ok = [s for s in result.scored if s.total_cycles is not None]
     if write_mapping is not None:

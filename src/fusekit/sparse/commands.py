@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import print_json, print_table
+from fusekit.console import print_json, print_table, print_text, progress
 from fusekit.sparse.schedule import CUTS
 
 app = typer.Typer(
@@ -26,6 +26,16 @@ WorkloadArg = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+ParLevelOption = Annotated[
+    int,
+    typer.Option(
+        help="Level of the region root to parallelise (below the fewest index variables of "
+        "any statement).",
+        min=0,
+    ),
+]
+ParFactorOption = Annotated[int, typer.Option(help="Lanes at that level (1: none).", min=1)]
+FifoOption = Annotated[int, typer.Option(help="Tokens per FIFO.", min=1)]
 
 
 def _machine(fifo_depth: int, memory: bool) -> Any:
@@ -34,17 +44,33 @@ def _machine(fifo_depth: int, memory: bool) -> Any:
     return Machine(fifo_depth=fifo_depth, memory=MemoryModel() if memory else None)
 
 
-def _par(level: int, factor: int) -> tuple[int, int] | None:
+def _par(w: Any, level: int, factor: int) -> tuple[int, int] | None:
+    """``(level, factor)``, checked against the workload: every region root has that level."""
+    levels = min(len(w.program.extents(st)) for st in w.program.statements)
+    if level >= levels:
+        raise typer.BadParameter(
+            f"expected a level in [0, {levels}) for {w.name} (got {level})",
+            param_hint="'--par-level'",
+        )
     return (level, factor) if factor > 1 else None
+
+
+def _advance(bar: Any) -> Any:
+    """A ``progress(done, total)`` callback that moves ``bar``'s task."""
+
+    def advance(done: int, total: int) -> None:
+        bar.update(bar.task_ids[0], completed=done, total=total)
+
+    return advance
 
 
 @app.command()
 def simulate(
     workload: WorkloadArg = "gcn-cora",
     cut: Annotated[str, typer.Option(help="unfused, partial or full.")] = "partial",
-    par_level: Annotated[int, typer.Option(help="Level of the region root to parallelise.")] = 0,
-    par_factor: Annotated[int, typer.Option(help="Lanes at that level (1: none).")] = 1,
-    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO.")] = 4096,
+    par_level: ParLevelOption = 0,
+    par_factor: ParFactorOption = 1,
+    fifo_depth: FifoOption = 4096,
     memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
     table: Annotated[bool, typer.Option(help="Print each region's fusion table.")] = False,
     quick: Annotated[bool, typer.Option(help="Smaller BigBird (256 tokens).")] = False,
@@ -63,10 +89,12 @@ def simulate(
     from fusekit.sparse.workloads import load_workload
 
     w = load_workload(workload, quick=quick)
+    par = _par(w, par_level, par_factor)
     start = time.perf_counter()
-    ex = explore(
-        w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=_par(par_level, par_factor)
-    )
+    with progress(f"simulating {w.name}", None) as bar:
+        ex = explore(
+            w, _machine(fifo_depth, memory), cuts=(cut,), top=1, par=par, progress=_advance(bar)
+        )
     best = ex.best(cut)
     wall_s = time.perf_counter() - start
     assert best.result is not None
@@ -132,16 +160,18 @@ def simulate(
     for line in written:
         print(line)
     if w.notes:
-        print(w.notes)
+        print_text(w.notes)
 
 
 @app.command()
 def explore(
     workload: WorkloadArg = "gcn-cora",
-    top: Annotated[int, typer.Option(help="Schedules simulated per cut (best estimates).")] = 3,
-    par_level: Annotated[int, typer.Option(help="Level of the region root to parallelise.")] = 0,
-    par_factor: Annotated[int, typer.Option(help="Lanes at that level (1: none).")] = 1,
-    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO.")] = 4096,
+    top: Annotated[
+        int, typer.Option(help="Schedules simulated per cut (best estimates).", min=1)
+    ] = 3,
+    par_level: ParLevelOption = 0,
+    par_factor: ParFactorOption = 1,
+    fifo_depth: FifoOption = 4096,
     memory: Annotated[bool, typer.Option(help="Model memory bandwidth and latency.")] = True,
     plot: Annotated[
         Path | None, typer.Option(help="Write a plot (PNG) of the explored schedules.")
@@ -154,8 +184,10 @@ def explore(
     from fusekit.sparse.workloads import load_workload
 
     w = load_workload(workload, quick=quick)
+    par = _par(w, par_level, par_factor)
     start = time.perf_counter()
-    ex = run_explore(w, _machine(fifo_depth, memory), top=top, par=_par(par_level, par_factor))
+    with progress(f"exploring {w.name}", None) as bar:
+        ex = run_explore(w, _machine(fifo_depth, memory), top=top, par=par, progress=_advance(bar))
     wall_s = time.perf_counter() - start
     sims = ex.simulated
     if plot is not None:
@@ -211,7 +243,7 @@ def explore(
             ],
         )
     if w.notes:
-        print(w.notes)
+        print_text(w.notes)
 
 
 def plot_exploration(path: Path, ex: Any) -> None:
@@ -276,7 +308,7 @@ def sam(
         Path | None,
         typer.Option(help="Write the output, dense, as .npz (numpy.savez, key 'output')."),
     ] = None,
-    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO (0: unbounded).")] = 0,
+    fifo_depth: Annotated[int, typer.Option(help="Tokens per FIFO (0: unbounded).", min=0)] = 0,
     json: JsonOption = False,
 ) -> None:
     """Run a SAM graph on the per-token machine; print cycles and tokens per block."""

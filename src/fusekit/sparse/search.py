@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +146,7 @@ def explore(
     par: tuple[int, int] | None = None,
     limit: int = 200,
     check: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Exploration:
     """Enumerate, estimate, prune and simulate the schedules of one workload.
 
@@ -156,6 +158,7 @@ def explore(
         par: parallelism applied to every schedule.
         limit: most schedules enumerated per cut.
         check: compare every simulated output with the numpy reference.
+        progress: called as ``progress(done, total)`` after each simulation.
 
     Returns:
         Every schedule with its estimate, and the simulations of the kept ones.
@@ -203,4 +206,6 @@ def explore(
         )
         log.info("%s: %s -> %.0f cycles (%.2f s)", workload.name, s.label(), r.cycles, elapsed)
         points.append(Point(s, e, r, ok, elapsed))
+        if progress is not None:
+            progress(sum(p.result is not None for p in points), len(want))
     return Exploration(workload.name, tuple(points), len(schedules))

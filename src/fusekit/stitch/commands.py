@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import print_json, print_table
+from fusekit import options
+from fusekit.console import print_json, print_table, print_text, progress
 
 app = typer.Typer(
     help="Fusion plans (ILP on HiGHS) and stitched kernels for chains of memory-intensive ops.",
@@ -23,6 +24,9 @@ ModelArg = Annotated[
 ]
 FullOption = Annotated[bool, typer.Option("--full", help="Benchmark shapes instead of small ones.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Every op name, one line per row (may pass 80 columns).")
+]
 
 
 def load(spec: str, full: bool) -> tuple[Any, tuple[Any, ...]]:
@@ -32,8 +36,19 @@ def load(spec: str, full: bool) -> tuple[Any, tuple[Any, ...]]:
     if spec in NAMES:
         w = load_workload(spec, small=not full)
         return w.module, w.args
-    from fusekit.ir.examples import load_model
+    from fusekit.errors import expected
+    from fusekit.ir.examples import EXAMPLES, load_model
 
+    if ":" not in spec and spec not in EXAMPLES:
+        raise ValueError(
+            expected(
+                "stitch",
+                "model",
+                f"a workload ({', '.join(NAMES)}), an IR example ({', '.join(EXAMPLES)}) or "
+                "path/to/file.py:factory",
+                repr(spec),
+            )
+        )
     ex = load_model(spec)
     return ex.module, ex.args
 
@@ -89,9 +104,12 @@ def plan_summary(plan: Any) -> dict[str, Any]:
 def plan_command(
     model: ModelArg,
     method: Annotated[str, typer.Option(help="ilp or greedy.")] = "ilp",
-    time_limit: Annotated[float, typer.Option(help="ILP time limit (s).")] = 5.0,
+    time_limit: Annotated[
+        float, typer.Option(help="ILP time limit (s), > 0.", callback=options.seconds)
+    ] = 5.0,
     dot: Annotated[Path | None, typer.Option("--dot", help="Write the plan as Graphviz.")] = None,
     full: FullOption = False,
+    wide: WideOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Plan the fusion of MODEL: groups, schemes, predicted gains, objective, bound, solve time."""
@@ -109,25 +127,33 @@ def plan_command(
         print_json(summary)
         return
     rows = [
-        (k, g["scheme"], len(g["ops"]), ", ".join(g["ops"])[:70], g["predicted_s"] * 1e6,
+        (k, g["scheme"], len(g["ops"]), _names(g["ops"], wide), g["predicted_s"] * 1e6,
          g["dram_bytes"] / 1e6)
         for k, g in enumerate(summary["groups"])
     ]  # fmt: skip
     print_table(f"stitch plan of {p.graph.name}", ["kernel", "scheme", "ops", "names", "us",
-                                                   "MB"], rows)  # fmt: skip
-    print(
+                                                   "MB"], rows, wide=wide)  # fmt: skip
+    print_text(
         f"{summary['ops']} ops -> {summary['kernels']} kernels; predicted "
         f"{p.objective_s * 1e6:.1f} us (greedy {p.greedy_s * 1e6:.1f}, every op alone "
         f"{p.unfused_s * 1e6:.1f}: x{summary['predicted_speedup']:.2f}); bound "
         f"{p.bound_s * 1e6:.1f} us; ILP {p.solve_s * 1e3:.1f} ms over {p.n_candidates} "
-        f"candidates ({'optimal' if p.optimal else 'time limit'})"
+        f"candidates ({'optimal' if p.optimal else 'time limit'})",
+        wide=wide,
     )
+
+
+def _names(ops: list[str], wide: bool, most: int = 6) -> str:
+    """The op names of a group: the first ``most`` and a count of the rest, unless ``wide``."""
+    if wide or len(ops) <= most:
+        return ", ".join(ops)
+    return f"{', '.join(ops[:most])} and {len(ops) - most} more (--wide)"
 
 
 @app.command("bench")
 def bench_command(
     model: ModelArg,
-    repeats: Annotated[int, typer.Option(help="Timed calls.")] = 10,
+    repeats: Annotated[int, typer.Option(help="Timed calls.", min=1)] = 10,
     full: FullOption = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -139,15 +165,23 @@ def bench_command(
     from fusekit.stitch.runner import Stitched
 
     module, args = load(model, full)
-    with torch.no_grad():
+    with torch.no_grad(), progress(f"stitch bench {model}: planning", 4) as bar:
+
+        def step(done: int, what: str) -> None:
+            bar.update(bar.task_ids[0], completed=done, description=f"stitch bench {model}: {what}")
+
         stitched = Stitched(module, detect())
         _, planned = stitched.prepare(*args)
+        step(1, "checking against eager")
         ref, out = module(*args), stitched(*args)
         refs = ref if isinstance(ref, tuple) else (ref,)
         outs = out if isinstance(out, tuple) else (out,)
         err = max(float((a - b).abs().max()) for a, b in zip(refs, outs, strict=True))
+        step(2, "timing eager")
         eager = time_call(lambda: module(*args), repeats, warmup=2)
+        step(3, "timing the stitched kernels")
         fused = time_call(lambda: stitched(*args), repeats, warmup=2)
+        step(4, "done")
     data = {
         "model": model,
         "eager_s": eager.median_s,

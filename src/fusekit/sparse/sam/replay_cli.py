@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from fusekit.console import print_json, print_table
 
@@ -65,7 +64,7 @@ def sam_replay(
             ("source", "primitive", "result"),
             [
                 (
-                    escape(str(r["source"]).split("::")[-1]),
+                    str(r["source"]).split("::")[-1],
                     r["primitive"],
                     "pass" if r["passed"] else "FAIL: " + ", ".join(r["differs"]),
                 )
