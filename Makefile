@@ -11,11 +11,13 @@ venv: $(STAMP)
 
 # Create the venv, install the CPU build of torch when torch is missing (an unpinned torch
 # pulls several GB of CUDA packages), then the project with the extras the two commands need:
-# dev (test tools), peers (PyG, spconv, transformers: the equality tests) and distributed (Ray).
+# dev (test tools), peers (PyG, spconv, transformers: the equality tests), distributed (Ray),
+# train (scikit-learn: the selector's training) and gpu (Triton: its kernels run interpreted
+# on the CPU in the tests). Tests of an extra that is absent are skipped.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[dev,peers,distributed]"
+	$(PIP) install --quiet -e ".[dev,peers,distributed,train,gpu]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -42,3 +42,32 @@ def expected(where: str, arg: str, expectation: str, got: Any) -> str:
         ``"{where}: expected '{arg}' to be {expectation} (got {got})"``.
     """
     return f"{where}: expected '{arg}' to be {expectation} (got {got})"
+
+
+class MissingExtra(FusekitError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+def require(module: str, what: str, extra: str) -> Any:
+    """Import an optional dependency, or say in one line which extra installs it.
+
+    Args:
+        module: the module to import, e.g. ``"sklearn.tree"``.
+        what: the feature that needs it, e.g. ``"train_tree"``.
+        extra: fusekit's extra that installs it, e.g. ``"train"``.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        MissingExtra: ``"{what}: needs the '{package}' package (pip install 'fusekit[{extra}]')"``.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        package = module.partition(".")[0]
+        raise MissingExtra(
+            f"{what}: needs the '{package}' package (pip install 'fusekit[{extra}]')"
+        ) from e

@@ -35,8 +35,14 @@ def _training():
     return out
 
 
+def _tree():
+    """The tree trained on :func:`_training` (skipped without scikit-learn, the train extra)."""
+    pytest.importorskip("sklearn")
+    return train_tree(_training(), cores=2, min_samples_leaf=1)
+
+
 def test_tree_learns_which_configuration_wins_where():
-    tree = train_tree(_training(), cores=2, min_samples_leaf=1)
+    tree = _tree()
     narrow = features(plan(small_problem(seed=9)), 8, 8, torch.float32, False)
     wide = features(plan(small_problem(seed=9)), 128, 8, torch.float32, False)
     assert tree.choose(narrow) == FAST
@@ -47,7 +53,7 @@ def test_tree_learns_which_configuration_wins_where():
 
 
 def test_tree_round_trips_through_json(tmp_path):
-    tree = train_tree(_training(), cores=2, min_samples_leaf=1)
+    tree = _tree()
     path = tmp_path / "tree.json"
     path.write_text(json.dumps(tree.to_json()))
     again = load_tree(path)
@@ -60,7 +66,7 @@ def test_tree_round_trips_through_json(tmp_path):
 def test_tree_points_follow_the_targets_cores():
     from dataclasses import replace
 
-    tree = train_tree(_training(), cores=2, min_samples_leaf=1)
+    tree = _tree()
     f = features(plan(small_problem(seed=9)), 8, 8, torch.float32, False)
     big = replace(TARGET, cores=8)
     assert select(f, big, tree=tree, method="tree").point["threads"] == 8
@@ -81,7 +87,7 @@ def test_select_prefers_a_tuned_answer_then_the_tree_then_the_model(tmp_path):
     f = features(plan(problem), 8, 8, torch.float32, False)
     key = signature(problem, 8, 8, torch.float32, False)
     cache = TuningCache(tmp_path / "t.json")
-    tree = train_tree(_training(), cores=2, min_samples_leaf=1)
+    tree = _tree()
     assert select(f, TARGET, key=key, cache=cache, tree=tree).source == "tree"
     cache.record(hardware_key(TARGET), key, f.group, f.vector(), {point_key(THIRD): 1e-3})
     tuned = select(f, TARGET, key=key, cache=cache, tree=tree)

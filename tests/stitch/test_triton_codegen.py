@@ -7,6 +7,9 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
+
+pytest.importorskip("triton")  # the gpu extra
+
 import torch
 
 from fusekit.hw import detect

@@ -43,7 +43,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fusekit.errors import expected
+from fusekit.errors import expected, require
 from fusekit.gms.candidates import Dataflow, GemmRows, Order, Strategy, default_strategy
 
 if TYPE_CHECKING:
@@ -59,9 +59,12 @@ def kernel(device: torch.device, module: str, stem: str) -> Callable[..., Any]:
 
     Raises:
         ValueError: no backend serves this device type, or it lacks the kernel.
+        MissingExtra: a CUDA device without Triton (the ``gpu`` extra).
     """
     backend = _BACKENDS.get(device.type)
     name = f"fusekit.gms.kernels.{backend}.{module}"
+    if backend == "triton":
+        require("triton", f"gms on {device}", "gpu")
     try:
         if backend is None:
             raise ModuleNotFoundError(name=name)

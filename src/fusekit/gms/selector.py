@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fusekit.errors import expected
+from fusekit.errors import expected, require
 from fusekit.gms import model
 from fusekit.gms.candidates import Config, Order, Strategy, config_of
 from fusekit.gms.features import VECTOR_NAMES, Features
@@ -188,9 +188,11 @@ def train_tree(
 
     Raises:
         ValueError: no problems, or problems of several dtypes.
+        MissingExtra: scikit-learn is not installed (the ``train`` extra).
     """
     import numpy as np
-    from sklearn.tree import DecisionTreeRegressor
+
+    DecisionTreeRegressor = require("sklearn.tree", "train_tree", "train").DecisionTreeRegressor
 
     if not problems:
         raise ValueError(expected("train_tree", "problems", "at least one", 0))

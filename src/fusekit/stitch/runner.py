@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from fusekit.errors import expected
+from fusekit.errors import expected, require
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.graph import Graph
@@ -139,6 +139,8 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
         kernel = CpuKernel(graph, group.layout)
     elif backend == "triton":
         from fusekit.stitch.codegen.triton import TritonKernel
+
+        require("triton", "stitch's GPU backend", "gpu")
 
         try:
             kernel = TritonKernel(graph, group.layout)

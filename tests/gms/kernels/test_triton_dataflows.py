@@ -10,6 +10,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 import dataclasses
 
 import pytest
+
+pytest.importorskip("triton")  # the gpu extra
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

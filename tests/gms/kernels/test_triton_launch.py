@@ -5,6 +5,9 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
+
+pytest.importorskip("triton")  # the gpu extra
+
 import torch
 
 from fusekit.gms import GMSProblem, plan
