@@ -5,13 +5,16 @@ Imported when the CLI starts, so torch, numba and the kernels are imported insid
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import console, err_console, print_json, print_table
+from fusekit import options
+from fusekit.console import console, err_console, print_json, print_table, print_text
+from fusekit.gms.labels import LEGEND, point_label, strategy_label
 from fusekit.search.measure import time_call
 
 app = typer.Typer(
@@ -21,8 +24,21 @@ app = typer.Typer(
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ShapeOption = Annotated[str, typer.Option("--shape", help="Problem family: rgcn, conv or moe.")]
-ScaleOption = Annotated[float, typer.Option("--scale", help="Multiply the default problem size.")]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the synthetic indices.")]
+ScaleOption = Annotated[
+    float,
+    typer.Option(
+        "--scale", help="Multiply the default problem size (at most 100).", callback=options.scale
+    ),
+]
+SeedOption = Annotated[
+    int,
+    typer.Option("--seed", help="Seed of the synthetic indices.", min=0, max=options.MAX_SEED),
+]
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Full names, one line per row (may pass 80 columns).")
+]
+#: Largest --k and --m.
+MAX_WIDTH = 65_536
 
 
 @app.command("plan")
@@ -63,14 +79,15 @@ def plan_(
 @app.command()
 def run(
     shape: ShapeOption = "rgcn",
-    k: Annotated[int, typer.Option("--k", help="Input width K.")] = 16,
-    m: Annotated[int, typer.Option("--m", help="Output width M.")] = 16,
+    k: Annotated[int, typer.Option("--k", help="Input width K.", min=1, max=MAX_WIDTH)] = 16,
+    m: Annotated[int, typer.Option("--m", help="Output width M.", min=1, max=MAX_WIDTH)] = 16,
     scale: ScaleOption = 1.0,
     seed: SeedOption = 0,
     strategy: Annotated[
         str, typer.Option(help="'named' (the six), 'all' (every order x dataflow) or one name.")
     ] = "named",
-    repeats: Annotated[int, typer.Option(help="Timed calls per strategy.")] = 7,
+    repeats: Annotated[int, typer.Option(help="Timed calls per strategy.", min=1)] = 7,
+    wide: WideOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Time the strategies on a synthetic problem against the reference and ATen compositions."""
@@ -82,10 +99,23 @@ def run(
         f"gms {shape} (K={k}, M={m}): median of {repeats} calls",
         ("impl", "median ms", "speedup vs ATen", "max |err| vs reference"),
         [
-            (r["impl"], 1e3 * r["median_s"], r["speedup_vs_aten"], r["max_abs_error"])
+            (
+                strategy_label(r["impl"], wide),
+                1e3 * r["median_s"],
+                r["speedup_vs_aten"],
+                r["max_abs_error"],
+            )
             for r in records
         ],
+        wide=wide,
     )
+    _legend(wide, (r["impl"] for r in records))
+
+
+def _legend(wide: bool, names: Iterable[str]) -> None:
+    """The abbreviations' legend, under a table that shortened a strategy name."""
+    if not wide and any(strategy_label(n) != n for n in names):
+        console.print(LEGEND, markup=False, highlight=False)
 
 
 def run_records(
@@ -169,8 +199,8 @@ CacheOption = Annotated[
     str | None,
     typer.Option("--cache", help="Tuning cache file (default ~/.cache/fusekit/tuning.json)."),
 ]
-KOption = Annotated[int, typer.Option("--k", help="Input width K.")]
-MOption = Annotated[int, typer.Option("--m", help="Output width M.")]
+KOption = Annotated[int, typer.Option("--k", help="Input width K.", min=1, max=MAX_WIDTH)]
+MOption = Annotated[int, typer.Option("--m", help="Output width M.", min=1, max=MAX_WIDTH)]
 
 
 def _problem(shape: str, seed: int, scale: float) -> tuple[Any, Any]:
@@ -214,7 +244,11 @@ def tune(
     scale: ScaleOption = 0.25,
     seed: SeedOption = 0,
     budget: Annotated[
-        float, typer.Option(help="Share of the space (< 1) or number of points to measure.")
+        float,
+        typer.Option(
+            help="Share of the space (< 1) or number of points to measure.",
+            callback=options.finite(0.0, None, low_open=True, integer_from=1.0),
+        ),
     ] = 0.05,
     exhaustive: Annotated[bool, typer.Option(help="Measure every point instead.")] = False,
     executor: Annotated[
@@ -225,14 +259,16 @@ def tune(
         ),
     ] = "serial",
     workers: Annotated[
-        int | None, typer.Option(help="Points timed at once: at most the Ray cluster's hosts.")
+        int | None,
+        typer.Option(help="Points timed at once: at most the Ray cluster's hosts.", min=1),
     ] = None,
     address: Annotated[
         str | None,
         typer.Option(help="Ray cluster address ('auto': the running one); default a private one."),
     ] = None,
-    repeats: Annotated[int, typer.Option(help="Timed calls per point.")] = 5,
+    repeats: Annotated[int, typer.Option(help="Timed calls per point.", min=1)] = 5,
     cache: CacheOption = None,
+    wide: WideOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Measure the model's best configurations of a problem; cache them; refit the model."""
@@ -268,6 +304,7 @@ def tune(
     coef = refit(store, target)
     points, _ = space_configs(result.features, target)
     predicted = dict(zip((point_key(p) for p in points), result.predicted_s, strict=True))
+    by_key = {point_key(p): p for p in points}  # the knobs in the space's order
     rows = sorted(result.measured.items(), key=lambda kv: kv[1])
     if as_json:
         print_json(
@@ -287,15 +324,26 @@ def tune(
     print_table(
         f"gms tune {wl.name} (K={k}, M={m}): {len(rows)} of {result.space_size} points measured "
         f"({result.newly_measured} new) in {result.search_s:.1f} s",
-        ("rank", "point", "predicted ms", "measured ms"),
+        ("rank", "strategy", "configuration", "predicted ms", "measured ms"),
         [
-            (i + 1, key, 1e3 * predicted.get(key, float("nan")), 1e3 * t)
+            (
+                i + 1,
+                strategy_label(by_key.get(key, json.loads(key)).get("strategy", "-"), wide),
+                point_label(by_key.get(key, json.loads(key)), wide),
+                1e3 * predicted.get(key, float("nan")),
+                1e3 * t,
+            )
             for i, (key, t) in enumerate(rows[:10])
         ],
+        wide=wide,
     )
-    err_console.print(
-        f"best: {result.best_point} ({1e3 * result.best_s:.3f} ms); cache {store.path}; "
-        "model refitted on the cache's measurements"
+    _legend(wide, (json.loads(key).get("strategy", "") for key, _ in rows[:10]))
+    best = result.best_point
+    print_text(
+        f"best: {strategy_label(best.get('strategy', '-'), wide)} {point_label(best, wide)} "
+        f"({1e3 * result.best_s:.3f} ms); cache {store.path}; "
+        "model refitted on the cache's measurements",
+        wide=wide,
     )
 
 
@@ -310,10 +358,18 @@ def explain(
         bool, typer.Option(help="Also time each strategy's predicted-best configuration.")
     ] = True,
     cache: CacheOption = None,
+    wide: WideOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Each strategy's predicted (and measured) time for a problem, and why the winner wins."""
-    records, why = explain_records(shape, k, m, scale, seed, measure, cache)
+    from fusekit.console import progress
+
+    with progress("explain: timing each strategy", None) as bar:
+
+        def advance(done: int, total: int) -> None:
+            bar.update(bar.task_ids[0], completed=done, total=total)
+
+        records, why = explain_records(shape, k, m, scale, seed, measure, cache, advance)
     if as_json:
         print_json({"strategies": records, "why": why})
         return
@@ -322,7 +378,7 @@ def explain(
         ("strategy", "predicted ms", "measured ms", "where the time goes (model)", "config"),
         [
             (
-                r["strategy"],
+                strategy_label(r["strategy"], wide),
                 1e3 * r["predicted_s"],
                 1e3 * r["measured_s"] if r["measured_s"] is not None else "-",
                 r["explain"],
@@ -330,14 +386,26 @@ def explain(
             )
             for r in records
         ],
+        wide=wide,
     )
-    console.print(why)
+    _legend(wide, (r["strategy"] for r in records))
+    print_text(why, wide=wide)
 
 
 def explain_records(
-    shape: str, k: int, m: int, scale: float, seed: int, measure: bool, cache: str | None
+    shape: str,
+    k: int,
+    m: int,
+    scale: float,
+    seed: int,
+    measure: bool,
+    cache: str | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
-    """The rows ``fusekit gms explain`` prints, and its sentence on why the winner wins."""
+    """The rows ``fusekit gms explain`` prints, and its sentence on why the winner wins.
+
+    ``progress(done, total)`` is called after each strategy.
+    """
     import torch
 
     from fusekit.gms import model, plan
@@ -384,6 +452,8 @@ def explain_records(
                 "config": _short(points[i]),
             }
         )
+        if progress is not None:
+            progress(len(records), len(best))
     choice = select(f, target, key=key, cache=store, coef=coef)
     return records, _why(records, choice.config.strategy.name, choice.source, f)
 
