@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
-from fusekit.errors import FusekitError, expected
+from fusekit.errors import FusekitError, expected, require
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -234,12 +234,7 @@ class RayExecutor(_Closing):
         return self._workers if self._workers is not None else 1
 
     def _ray(self) -> Any:
-        try:
-            import ray
-        except ImportError as e:
-            raise ImportError(
-                "RayExecutor: expected the 'ray' package (pip install 'fusekit[distributed]')"
-            ) from e
+        ray = require("ray", "RayExecutor", "distributed")  # MissingExtra: one line in the CLI
         if not ray.is_initialized():
             if self._address is not None:
                 ray.init(address=self._address, log_to_driver=False)
@@ -253,7 +248,7 @@ class RayExecutor(_Closing):
             self._started = True
         if self._one_per_host and not self._nodes:
             hosts: dict[str, str] = {}
-            for node in ray.nodes():  # type: ignore[no-untyped-call]
+            for node in ray.nodes():
                 if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) >= 1:
                     hosts.setdefault(node["NodeManagerAddress"], node["NodeID"])
             if self._workers is None:
@@ -268,7 +263,7 @@ class RayExecutor(_Closing):
 
         Raises:
             RuntimeError: the executor was closed.
-            ImportError: ray is not installed.
+            MissingExtra: ray is not installed (an ImportError).
             FusekitError: ``one_per_host`` and the cluster has fewer hosts than workers.
         """
         _check_chunksize(chunksize)
