@@ -12,3 +12,7 @@ def test_tour_writes_sections_of_existing_parts_only(tmp_path):
     assert set(parts) <= set(PARTS)
     # a part without a section module leaves no trace (no placeholder pages)
     assert "not built" not in page.lower() and "coming soon" not in page.lower()
+    if "sparse" in parts:  # FuseFlow's fusion table is a table, not a paragraph of cells
+        assert '<div class="tabletitle">Fusion table of the GCN' in page
+    if "accel" in parts:  # the chosen mapping's ops are named in index notation
+        assert "X[m] = max_n S[m,n]" in page

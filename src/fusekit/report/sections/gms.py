@@ -49,6 +49,7 @@ def build(options: TourOptions) -> Section:
         [r for r in records if not str(r["impl"]).startswith("aten")],
         x="impl",
         y="speedup_vs_aten",
+        ref=1.0,
     )
     explained, why = explain_records("rgcn", _WIDTH, _WIDTH, _SCALE, options.seed, True, None)
     selection = Table(

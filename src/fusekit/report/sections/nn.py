@@ -252,7 +252,9 @@ def build(options: TourOptions) -> Section:
         table,
     )
     if fused:
-        blocks += (bar_chart("Speedup over the peer", fused, x="layer", y="speedup_over_peer"),)
+        blocks += (
+            bar_chart("Speedup over the peer", fused, x="layer", y="speedup_over_peer", ref=1.0),
+        )
     return Section(
         title="nn: RGCN, sparse convolution and MoE layers",
         summary=(

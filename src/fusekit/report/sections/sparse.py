@@ -2,40 +2,9 @@
 
 from __future__ import annotations
 
-from fusekit.report.document import Figure, Section, Table, Text
+from fusekit.report.charts import bar_chart
+from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
-
-
-def _figure(rows: list[dict[str, object]]) -> Figure:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    names = sorted({str(r["workload"]) for r in rows})
-    from fusekit.sparse.schedule import CUTS as cuts
-
-    width = 0.25
-    for k, cut in enumerate(cuts):
-        speed = [
-            next(
-                float(r["speedup vs unfused"])
-                for r in rows
-                if r["workload"] == n and r["cut"] == cut
-            )  # type: ignore[arg-type]
-            for n in names
-        ]
-        ax.bar([i + (k - 1) * width for i in range(len(names))], speed, width, label=cut)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("speedup over unfused")
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.legend(fontsize=8)
-    return Figure.from_matplotlib(
-        "Best schedule per region cut",
-        fig,
-        caption="Cycles of the best simulated schedule of each cut over the best unfused one.",
-    )
 
 
 def build(options: TourOptions) -> Section:
@@ -46,7 +15,7 @@ def build(options: TourOptions) -> Section:
     from fusekit.sparse.workloads import bigbird, gcn
 
     rows: list[dict[str, object]] = []
-    table_text = ""
+    fusion: Table | None = None
     for w in (gcn("cora", seed=options.seed), bigbird(tokens=256, block=32, seed=options.seed)):
         ex = explore(w, top=1)
         unfused = ex.best("unfused").result
@@ -66,7 +35,17 @@ def build(options: TourOptions) -> Section:
                 }
             )
             if w.name == "gcn-cora" and cut == "partial":
-                table_text = fusion_table(w.program, p.schedule, 0).format()
+                ft = fusion_table(w.program, p.schedule, 0)
+                fusion = Table(
+                    "Fusion table of the GCN's first layer (partial cut)",
+                    ("index", *ft.columns),
+                    tuple((name, *cells) for name, cells in zip(ft.rows, ft.cells, strict=True)),
+                    note="Columns are tensor views (statement:tensor); rows are the shared index "
+                    "variables in dataflow order, then the value; each cell names the stream "
+                    "primitive that produces it (-> points into a producer's cell: fused).",
+                )
+    if fusion is None:
+        raise ValueError("sparse tour: expected a partial-cut schedule of gcn-cora (got none)")
     return Section(
         title="Sparse dataflow (sparse)",
         summary=(
@@ -81,8 +60,17 @@ def build(options: TourOptions) -> Section:
         ),
         blocks=(
             Table.from_records("Best schedule per cut", rows),
-            _figure(rows),
-            Text("Fusion table of the GCN's first layer (partial cut):\n" + table_text),
+            bar_chart(
+                "Best schedule per region cut",
+                rows,
+                x="workload",
+                y="speedup vs unfused",
+                hue="cut",
+                ref=1.0,
+                caption="Cycles of the best simulated schedule of each cut over the best unfused "
+                "one.",
+            ),
+            fusion,
             Text("fusekit sparse explore gcn-cora and fusekit sparse simulate reproduce these."),
         ),
         records=tuple(rows),
