@@ -30,14 +30,14 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusekit.errors import ConfigError
 
 #: The value of every results file's ``schema`` key.
-SCHEMA = "fusekit-results/1"
+SCHEMA: Final = "fusekit-results/1"
 
 Scalar = str | int | float | bool | None
 Cell = Scalar | list[Scalar]
@@ -107,7 +107,7 @@ class Summary(_Strict):
     values: list[str] = Field(min_length=1)
     across: str | None = None
     where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
-    stats: list[Stat] = Field(default_factory=lambda: ["median"], min_length=1)
+    stats: list[Stat] = Field(default_factory=lambda: list[Stat](["median"]), min_length=1)
     note: str = ""
 
 
@@ -161,7 +161,11 @@ def is_number(value: object) -> bool:
 
 def _check_views(results: Results, source: str) -> None:
     """Every key a plot or table names is in the records it selects; ``y`` has numbers."""
-    for kind, views in (("plots", results.plots), ("tables", results.tables)):
+    named_views: tuple[tuple[str, Sequence[Plot | Summary]], ...] = (
+        ("plots", results.plots),
+        ("tables", results.tables),
+    )
+    for kind, views in named_views:
         for i, view in enumerate(views):
             chosen = select(results.records, view.where)
             if not chosen:
