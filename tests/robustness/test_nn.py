@@ -240,6 +240,60 @@ def test_voxels_near_the_largest_grid_convolve_as_at_the_origin(device_builder):
     torch.testing.assert_close(ys[0], ys[1])
 
 
+# ---- layer arguments (validation only) ----
+
+
+@pytest.mark.parametrize(
+    ("make", "argument"),
+    [
+        (lambda: RGCNConv(4, 4, 3, num_blocks=0), "num_blocks"),  # was ZeroDivisionError
+        (lambda: RGCNConv(4, 4, 3, num_bases=0), "num_bases"),
+        (lambda: RGCNConv(4, 4, 3, num_bases=-1), "num_bases"),
+        (lambda: RGCNConv(6.7, 4, 3), "in_channels"),
+        (lambda: RGCNConv((4, -1), 4, 3), "in_channels"),
+        (lambda: RGCNConv(4, True, 3), "out_channels"),
+        (lambda: MoE(True, 8, 2, 1), "hidden_size"),
+    ],
+)
+def test_bad_layer_arguments_name_the_argument(make, argument):
+    with pytest.raises(ValueError, match=f"'{argument}'"):
+        make()
+
+
+@pytest.mark.parametrize(
+    "target",
+    [torch.tensor([0, 99]), torch.tensor([-1, 0]), torch.tensor([True, False]), torch.randn(2, 3)],
+)
+def test_rgcn_target_side_is_checked_before_the_root_weight_reads_it(target):
+    edge_index = torch.tensor([[0, 5], [0, 1]])
+    layer = RGCNConv((10, 4), 3, 2)
+    with pytest.raises(ValueError, match="'x'"):
+        layer((torch.randn(10, 10), target), edge_index, torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("rows", "dst", "scale", "argument"),
+    [
+        ([10**6, 3], [0, 0], None, "rows"),
+        ([-1, 3], [0, 0], None, "rows"),
+        ([1, 3], [0, 10**6], None, "dst"),
+        ([1, 3], [0], None, "dst"),
+        ([1, 3], [0, 0], [1.0], "scale"),
+    ],
+)
+def test_gather_reduce_indices_are_checked(rows, dst, scale, argument):
+    from fusekit.nn.rgcn import GatherReduce
+
+    s = torch.tensor(scale) if scale is not None else None
+    with pytest.raises(ValueError, match=f"'{argument}'"):
+        GatherReduce(torch.tensor(rows), torch.tensor(dst), s, 1, 50)
+
+
+def test_moe_scalar_input_names_hidden_states():
+    with pytest.raises(ValueError, match="'hidden_states'"):
+        MoE(4, 8, 2, 1)(torch.tensor(1.0))
+
+
 # ---- caches that follow in-place edits ----
 
 

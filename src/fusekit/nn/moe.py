@@ -78,7 +78,7 @@ class MoE(nn.Module):
             ("num_experts", num_experts),
             ("top_k", top_k),
         ):
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(expected("MoE", name, "a positive int", value))
         if top_k > num_experts:
             raise ValueError(expected("MoE", "top_k", f"<= num_experts ({num_experts})", top_k))
@@ -113,7 +113,7 @@ class MoE(nn.Module):
         """``[..., hidden]`` -> ``[..., hidden]``."""
         if not isinstance(hidden_states, torch.Tensor):
             raise TypeError(expected("MoE", "hidden_states", "a torch.Tensor", type(hidden_states)))
-        if hidden_states.shape[-1] != self.hidden_size:
+        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(
                 expected(
                     "MoE",

@@ -86,10 +86,23 @@ class RGCNConv(nn.Module):
             raise ValueError(
                 expected("RGCNConv", "aggr", " or ".join(map(repr, AGGRS)), repr(aggr))
             )
-        for name, value in (("out_channels", out_channels), ("num_relations", num_relations)):
-            if not isinstance(value, int) or value < 1:
+        pair = (
+            (in_channels, in_channels)
+            if not isinstance(in_channels, tuple | list)
+            else tuple(in_channels)
+        )
+        if len(pair) != 2 or not all(_positive(n) for n in pair):
+            raise ValueError(
+                expected("RGCNConv", "in_channels", "a positive int or a pair of them", in_channels)
+            )
+        for name, value in (
+            ("out_channels", out_channels),
+            ("num_relations", num_relations),
+            ("num_bases", 1 if num_bases is None else num_bases),
+            ("num_blocks", 1 if num_blocks is None else num_blocks),
+        ):
+            if not _positive(value):
                 raise ValueError(expected("RGCNConv", name, "a positive int", value))
-        pair = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         self.in_channels = in_channels
         self.in_channels_l, in_r = int(pair[0]), int(pair[1])
         self.out_channels = out_channels
@@ -318,12 +331,16 @@ class RGCNConv(nn.Module):
                 raise TypeError(
                     expected("RGCNConv", "x", "float features or int64 node indices", x_l.dtype)
                 )
+            if x_l.dim() != 1:
+                raise ValueError(expected("RGCNConv", "x", "[N] node indices", _shape(x_l)))
         elif x_l.dim() != 2 or x_l.shape[1] != self.in_channels_l:
             raise ValueError(expected("RGCNConv", "x", f"[N, {self.in_channels_l}]", _shape(x_l)))
         elif x_l.dtype != self.weight.dtype:
             raise TypeError(
                 expected("RGCNConv", "x", f"{self.weight.dtype} like the weights", x_l.dtype)
             )
+        if self.root is not None and x_r is not x_l:
+            self._check_target(x_r, self.root)
         if edge_index.numel():
             for row, n, side in ((0, x_l.shape[0], "source"), (1, x_r.shape[0], "target")):
                 lo, hi = int(edge_index[row].min()), int(edge_index[row].max())
@@ -337,12 +354,41 @@ class RGCNConv(nn.Module):
                         )
                     )
 
+    @staticmethod
+    def _check_target(x_r: torch.Tensor, root: torch.Tensor) -> None:
+        """The target side of a pair, which ``root`` reads: ``[N, in]`` rows or node indices."""
+        in_r = root.shape[0]
+        if torch.is_floating_point(x_r):
+            if x_r.dim() != 2 or x_r.shape[1] != in_r or x_r.dtype != root.dtype:
+                raise ValueError(
+                    expected(
+                        "RGCNConv",
+                        "x",
+                        f"a target side [N, {in_r}] of {root.dtype}",
+                        f"{_shape(x_r)} of {x_r.dtype}",
+                    )
+                )
+            return
+        got = f"{_shape(x_r)} of {x_r.dtype}"
+        ok = x_r.dtype in (torch.int64, torch.int32) and x_r.dim() == 1
+        if ok and x_r.numel():
+            lo, hi = int(x_r.min()), int(x_r.max())
+            ok, got = 0 <= lo <= hi < in_r, f"values in [{lo}, {hi}]"
+        if not ok:
+            raise ValueError(
+                expected("RGCNConv", "x", f"target node indices [N] int64 in [0, {in_r})", got)
+            )
+
     def extra_repr(self) -> str:
         """As PyG prints it, plus the aggregation."""
         return (
             f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, "
             f"aggr={self.aggr!r}"
         )
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _shape(t: Any) -> str:
@@ -379,6 +425,23 @@ class GatherReduce:
         n_out: int,
         n_table: int,
     ) -> None:
+        e = rows.shape[0] if isinstance(rows, torch.Tensor) and rows.dim() == 1 else -1
+        for name, t, bound in (("rows", rows, n_table), ("dst", dst, n_out)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != e:
+                raise ValueError(expected("GatherReduce", name, "[E] like 'rows'", _shape(t)))
+            if t.dtype not in (torch.int64, torch.int32):
+                raise TypeError(expected("GatherReduce", name, "int64 or int32", t.dtype))
+            if e and not 0 <= int(t.min()) <= int(t.max()) < bound:
+                raise ValueError(
+                    expected(
+                        "GatherReduce",
+                        name,
+                        f"in [0, {bound})",
+                        f"values in [{int(t.min())}, {int(t.max())}]",
+                    )
+                )
+        if scale is not None and (not isinstance(scale, torch.Tensor) or scale.shape != (e,)):
+            raise ValueError(expected("GatherReduce", "scale", f"[{e}] or None", _shape(scale)))
         self.rows, self.dst, self.scale = rows.long(), dst.long(), scale
         self.n_out, self.n_table = n_out, n_table
         self.by_dst = _csr(self.dst, n_out)
