@@ -73,7 +73,7 @@ PLOTS = tuple(
 TABLES = (
     Summary(title="Speedup over the best peer per implementation (over token counts)",
             rows=["study", "shape", "impl"], values=["speedup_over_best_peer"],
-            stats=["median", "min", "max"]),
+            stats=["median", "max"]),
     Summary(title="fusekit's fraction of the roofline per token count", rows=["study", "shape"],
             values=["fraction_of_roofline"], across="tokens", where={"impl": "fusekit"}),
 )  # fmt: skip

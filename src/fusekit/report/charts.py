@@ -124,11 +124,11 @@ def _wide_range(values: Sequence[float]) -> bool:
 
 
 def _log_scale(axis: Any) -> None:
-    """A logarithmic axis labelled in plain numbers (0.5, 1, 2), not powers of ten."""
+    """A logarithmic axis labelled in plain numbers (0.5, 1, 2, 50M), not powers of ten."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -200,7 +200,7 @@ def bar_chart(
             value = series[name][category]
             draw = ax.barh if horizontal else ax.bar
             bars = draw(offset, value, width * 0.92, color=colour[name], label=legend_name)
-            if n_bars <= 40:
+            if n_bars <= (40 if horizontal else 24):  # labels of crowded upright bars collide
                 ax.bar_label(bars, labels=[_short(value)], fontsize=7, padding=2)
     ticks = range(len(categories))
     value_label = label or _value_label(ys, stat, combined)
