@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from fusekit import __version__
+from fusekit import __version__, options
 from fusekit.console import progress
 from fusekit.errors import FusekitError
 
@@ -65,7 +65,9 @@ def version() -> None:
 @app.command()
 def tour(
     out: Annotated[Path, typer.Option(help="Folder for index.html.")] = Path("fusekit-report"),
-    seed: Annotated[int, typer.Option(help="Seed of every random workload.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of every random workload.", min=0, max=options.MAX_SEED)
+    ] = 0,
 ) -> None:
     """Run every part that exists on small built-in defaults and write an HTML report."""
     from fusekit.report.tour import TourOptions, available_sections, run_tour
