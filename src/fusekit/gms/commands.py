@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from fusekit import options
-from fusekit.console import console, err_console, print_json, print_table, print_text
+from fusekit.console import console, err_console, print_json, print_table, print_text, progress
 from fusekit.gms.labels import LEGEND, point_label, strategy_label
 from fusekit.search.measure import time_call
 
@@ -171,9 +171,11 @@ def run_records(
         impls[s.name] = lambda s=s: gms(x, w, pl, wl.scale, s)
 
     times = {}
-    with err_console.status("timing (the first run compiles the numba kernels)..."):
-        for name, fn in impls.items():
+    # the first call of a strategy compiles its numba kernels (cached on disk afterwards)
+    with progress(f"timing {len(impls)} implementations", len(impls)) as bar:
+        for done, (name, fn) in enumerate(impls.items(), 1):
             times[name] = time_call(fn, repeats).median_s
+            bar.update(bar.task_ids[0], completed=done)
     aten = [t for n, t in times.items() if n.startswith("aten")]
     records = []
     for name, fn in impls.items():
@@ -272,7 +274,6 @@ def tune(
     as_json: JsonOption = False,
 ) -> None:
     """Measure the model's best configurations of a problem; cache them; refit the model."""
-    from fusekit.console import progress
     from fusekit.gms.search import checked, refit, space_configs
     from fusekit.gms.search import tune as run_tune
     from fusekit.hw import detect
@@ -362,8 +363,6 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """Each strategy's predicted (and measured) time for a problem, and why the winner wins."""
-    from fusekit.console import progress
-
     with progress("explain: timing each strategy", None) as bar:
 
         def advance(done: int, total: int) -> None:

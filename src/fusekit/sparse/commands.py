@@ -317,7 +317,8 @@ def sam(
     from fusekit.sparse.sam.runner import run as run_sam
 
     inputs = dict(_load_input(spec) for spec in input or [])
-    result = run_sam(graph, inputs, depth=fifo_depth or None)
+    with progress(f"running {graph.name}", None):
+        result = run_sam(graph, inputs, depth=fifo_depth or None)
     if out is not None:
         np.savez(out, output=result.output)
     if json:
