@@ -276,6 +276,7 @@ TABLE_RUNS = {
     "accel explore": "accel explore -M 64 -N 64 -K 32",
     "stitch plan": "stitch plan layernorm_bwd",  # one kernel of 16 ops
     "gms explain": GMS_EXPLAIN,
+    "sparse fusion tables": "sparse simulate gcn-cora --cut full --table",
     "gms run": pytest.param(
         f"gms run {GMS_SMALL} --repeats 1 --strategy transform-first/G-Mseg-S", marks=SLOW
     ),

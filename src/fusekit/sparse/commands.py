@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fusekit.console import print_json, print_table, print_text, progress
+from fusekit.console import console, print_json, print_table, print_text, progress
 from fusekit.sparse.schedule import CUTS
 
 app = typer.Typer(
@@ -156,7 +156,7 @@ def simulate(
             [(p.statement, p.name, p.kind, p.tokens, p.busy_cycles) for p in busiest],
         )
         if table:
-            print(fusion_table(w.program, best.schedule, k).format())
+            print(fusion_table(w.program, best.schedule, k).format(width=console.width))
     for line in written:
         print(line)
     if w.notes:

@@ -109,16 +109,29 @@ class FusionTable:
     columns: tuple[str, ...]
     cells: tuple[tuple[str, ...], ...]
 
-    def format(self) -> str:
-        """The table as aligned text."""
+    def format(self, width: int | None = None) -> str:
+        """The table as aligned text.
+
+        Args:
+            width: the most characters per line: a wider table is printed as blocks of
+                columns, one under the other, each with the row names (None: one block).
+        """
         widths = [max(len(c), *(len(r[k]) for r in self.cells)) for k, c in enumerate(self.columns)]
-        head = " " * 8 + "  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True))
-        lines = [head]
-        for name, row in zip(self.rows, self.cells, strict=True):
-            lines.append(
-                f"{name:<8}" + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-            )
-        return "\n".join(lines)
+        blocks: list[list[int]] = [[]]
+        used = 8
+        for k, w in enumerate(widths):
+            if blocks[-1] and width is not None and used + 2 + w > width:
+                blocks.append([])
+                used = 8
+            used += w + (2 if blocks[-1] else 0)
+            blocks[-1].append(k)
+        parts = []
+        for block in blocks:
+            lines = [" " * 8 + "  ".join(self.columns[k].ljust(widths[k]) for k in block)]
+            for name, row in zip(self.rows, self.cells, strict=True):
+                lines.append(f"{name:<8}" + "  ".join(row[k].ljust(widths[k]) for k in block))
+            parts.append("\n".join(line.rstrip() if width is not None else line for line in lines))
+        return "\n\n".join(parts)
 
 
 def unify(
