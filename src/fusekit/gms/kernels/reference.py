@@ -5,6 +5,9 @@ r"""Plain-PyTorch g-mm-s: the reference of every kernel test and the ATen baseli
     Y[d_e, m] \mathrel{\oplus}= c_e \sum_k X[g_e, k] \, W[s_e, k, m],
     \qquad \text{mean} = \text{sum} / \deg(d), \quad \text{rows without pairs} = 0
 
+``max`` is ``torch.amax`` over each row's pair products: NaN propagates, and tied winners share
+the gradient equally (a NaN row's gradient is NaN), the semantics every kernel matches.
+
 :func:`gms_reference` favours obviousness over speed (one ``mm`` per segment on the pairs of that
 segment, any pair order) and is differentiable by autograd. :func:`gms_aten` is what a user would
 write for speed with ATen alone, given indices sorted by segment once: ``index_select``, then
@@ -54,7 +57,11 @@ def gms_reference(
         products = products * scale[:, None]
     index = scatter[:, None].expand(-1, w.shape[2])
     if reduce == "max":
-        empty = torch.full((n_out, w.shape[2]), float("-inf"), dtype=x.dtype, device=x.device)
+        # torch.amax per row: NaN propagates, tied winners share the gradient. The start value
+        # is NaN, not -inf: scatter_reduce's gradient counts a start value equal to the result
+        # among the winners even with include_self=False (a row whose max is -inf would give
+        # its pair half the gradient), and NaN equals nothing.
+        empty = torch.full((n_out, w.shape[2]), float("nan"), dtype=x.dtype, device=x.device)
         out = empty.scatter_reduce(0, index, products, "amax", include_self=False)
         count = torch.bincount(scatter, minlength=n_out)
         return torch.where((count > 0)[:, None], out, torch.zeros_like(out))

@@ -21,6 +21,7 @@ import numba
 import numpy as np
 
 from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.checks import check_operands
 from fusekit.gms.kernels.cpu.gms_seg import check_block_ptr
 from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad
 from fusekit.gms.kernels.cpu.tile import (
@@ -28,6 +29,7 @@ from fusekit.gms.kernels.cpu.tile import (
     MR,
     MR_NR,
     NR,
+    block_ok,
     rows_in_range,
     scatter_tile,
     stack_buffer,
@@ -70,12 +72,18 @@ def _agg_gms_seg_kernel(  # type: ignore[no-untyped-def]
     M = w.shape[2]
     n_pairs = gather.shape[0]
     n_groups = group_ptr.shape[0] - 1
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
     n_rows = min(groups.shape[0], scatter.shape[0])
+    n_tiles = min(tile_segment.shape[0], tile_start.shape[0], tile_end.shape[0])
     bad = 0
     for b in numba.prange(min(block_ptr.shape[0] - 1, scratch.shape[0])):
         rows = stack_buffer(groups, MR)
         acc = numba.carray(stack_buffer(x, MR_NR), (MR, NR))
         aggregated = scratch[b]
+        if not block_ok(block_ptr, b, n_tiles):
+            bad += 1
+            continue
         for t in range(block_ptr[b], block_ptr[b + 1]):
             if not tile_ok(t, tile_segment, tile_start, tile_end, n_segments, n_rows):
                 bad += 1
@@ -138,12 +146,15 @@ def agg_gms_seg_cpu(
         ``Y`` of shape ``[N_out, M]``.
 
     Raises:
-        ValueError: the plan has no aggregate-first order, or a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, the plan has no aggregate-first order, or a
+            guarded index is out of range.
     """
     import torch
 
     if plan.aggregate is None:
         raise ValueError(expected("gms", "plan", "one with an aggregate-first order", "none"))
+    check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     sub = plan.aggregate.plan
     check_block_ptr(sub)
     out = torch.zeros(plan.n_out, w.shape[2], dtype=x.dtype)

@@ -20,6 +20,14 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.checks import (
+    check_count,
+    check_index,
+    check_operands,
+    check_rows_operand,
+    check_scale,
+)
 from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad
 from fusekit.gms.kernels.cpu.schedule import lpt_schedule
 from fusekit.gms.kernels.cpu.tile import (
@@ -104,6 +112,8 @@ def _segment_outer_kernel(  # type: ignore[no-untyped-def]
     K = a.shape[1]
     M = b.shape[1]
     n_pairs = min(a_index.shape[0], b_index.shape[0])
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
     n_segments = min(segment_ptr.shape[0] - 1, out.shape[0])
     # a thread owns whole segments (its dW[s] slices: no atomics, one summation order for any
     # thread count), dealt longest first by pair count
@@ -224,10 +234,17 @@ def segment_outer_cpu(
         ``[n_segments, K, M]``.
 
     Raises:
-        ValueError: a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
     import torch
 
+    check_rows_operand("a", a)
+    check_rows_operand("b", b, a.dtype)
+    check_index("a_index", a_index, plan.num_pairs)
+    check_index("b_index", b_index, plan.num_pairs)
+    check_scale(scale, plan.num_pairs, a.dtype)
+    n_segments = check_count("n_segments", n_segments)
     out = torch.zeros(n_segments, a.shape[1], b.shape[1], dtype=a.dtype)
     bad = _segment_outer_kernel(
         numpy_of(a),
@@ -266,10 +283,17 @@ def pair_dot_cpu(
         ``[E]`` in plan order.
 
     Raises:
-        ValueError: a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
     import torch
 
+    check_operands(a, w, None, plan.num_pairs, plan.num_segments, x_name="a")
+    check_rows_operand("b", b, a.dtype)
+    if b.shape[1] != w.shape[2]:
+        raise ValueError(expected("gms", "b", f"[R, {w.shape[2]}] (M of 'w')", tuple(b.shape)))
+    check_index("a_index", a_index, plan.num_pairs)
+    check_index("b_index", b_index, plan.num_pairs)
     out = torch.zeros(plan.num_pairs, dtype=a.dtype)
     bad = _pair_dot_kernel(
         numpy_of(a),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numba
 
+from fusekit.gms.kernels.cpu.checks import check_operands
 from fusekit.gms.kernels.cpu.gms_seg import check_block_ptr, empty_rows_to_zero
 from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, numpy_of, plan_array, raise_if_bad
 from fusekit.gms.kernels.cpu.tile import (
@@ -24,6 +25,7 @@ from fusekit.gms.kernels.cpu.tile import (
     MR,
     MR_NR,
     NR,
+    block_ok,
     rows_in_range,
     scatter_tile,
     stack_buffer,
@@ -58,10 +60,16 @@ def _ms_seg_kernel(  # type: ignore[no-untyped-def]
     n_segments = w.shape[0]
     M = w.shape[2]
     n_pairs = min(xg.shape[0], scatter.shape[0])
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
+    n_tiles = min(tile_segment.shape[0], tile_start.shape[0], tile_end.shape[0])
     bad = 0
     for b in numba.prange(block_ptr.shape[0] - 1):
         rows = stack_buffer(scatter, MR)
         acc = numba.carray(stack_buffer(xg, MR_NR), (MR, NR))
+        if not block_ok(block_ptr, b, n_tiles):
+            bad += 1
+            continue
         for t in range(block_ptr[b], block_ptr[b + 1]):
             if not tile_ok(t, tile_segment, tile_start, tile_end, n_segments, n_pairs):
                 bad += 1
@@ -99,10 +107,13 @@ def g_ms_seg_cpu(
         ``Y`` of shape ``[N_out, M]``.
 
     Raises:
-        ValueError: the block pointer is malformed or a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, the block pointer is malformed or a guarded
+            index is out of range.
     """
     import torch
 
+    check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     gathered = gather_rows_cpu(x, plan.gather)
     reduce_max = plan.reduce == "max"
     out = torch.full((plan.n_out, w.shape[2]), float("-inf") if reduce_max else 0.0, dtype=x.dtype)

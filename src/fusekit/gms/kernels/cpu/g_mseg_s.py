@@ -24,6 +24,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from fusekit.errors import expected
+from fusekit.gms.kernels.cpu.checks import check_operands
 from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
 from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm, weight_layout
 
@@ -42,11 +43,31 @@ def grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all((t.shape[-1] * t.element_size()) % 16 == 0 for t in (a, b))
 
 
+def check_matrices(rows: torch.Tensor, w: torch.Tensor) -> None:
+    """Raise unless ``rows[E, K]`` and ``w[S, K, M]`` are tensors of one dtype and device.
+
+    Raises:
+        TypeError: not tensors, or of different dtypes.
+        ValueError: the wrong dimensions, ``K`` or device.
+    """
+    import torch
+
+    if not isinstance(rows, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise TypeError(expected("gms", "rows, w", "tensors", (type(rows), type(w))))
+    if rows.dtype != w.dtype:
+        raise TypeError(expected("gms", "w", f"{rows.dtype} like 'rows'", w.dtype))
+    if rows.dim() != 2 or w.dim() != 3 or w.shape[1] != rows.shape[1] or w.device != rows.device:
+        got = f"{tuple(rows.shape)} on {rows.device}, {tuple(w.shape)} on {w.device}"
+        raise ValueError(expected("gms", "rows, w", "[E, K] and [S, K, M] on one device", got))
+
+
 def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
     """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
     ptr = segment_ptr
     if (
-        ptr.numel() == 0
+        ptr.dim() != 1
+        or ptr.dtype.is_floating_point
+        or ptr.numel() == 0
         or int(ptr[0]) != 0
         or int(ptr[-1]) != n_rows
         or bool((ptr.diff() < 0).any())
@@ -81,11 +102,21 @@ def segment_mm(
 
     Returns:
         ``out``, ``[E, M]``.
+
+    Raises:
+        TypeError: ``rows`` and ``w`` are not tensors of one dtype.
+        ValueError: their shapes do not match, ``segment_ptr`` is not a pointer over the rows
+            or names more segments than ``w`` has, or ``out`` has the wrong shape.
     """
     import torch
 
+    check_matrices(rows, w)
     check_segment_ptr(segment_ptr, rows.shape[0])
     n_segments = segment_ptr.shape[0] - 1
+    if n_segments > w.shape[0]:
+        raise ValueError(
+            expected("gms", "segment_ptr", f"at most {w.shape[0]} segments (of 'w')", n_segments)
+        )
     bounds = segment_ptr.tolist()
     skinny = (
         rows.device.type == "cpu"
@@ -133,11 +164,20 @@ def segment_outer_mm(
 
     Returns:
         ``[n_segments, K, M]``.
+
+    Raises:
+        ValueError: ``a`` and ``b`` do not have one row per position and one dtype,
+            ``segment_ptr`` is not a pointer over them, or ``n_segments`` is too small.
     """
     import torch
 
+    if not (a.dim() == b.dim() == 2 and a.shape[0] == b.shape[0] and a.dtype == b.dtype):
+        got = f"{tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}"
+        raise ValueError(expected("gms", "a, b", "[E, K] and [E, M] of one dtype", got))
     check_segment_ptr(segment_ptr, a.shape[0])
     s_plan = segment_ptr.shape[0] - 1
+    if isinstance(n_segments, bool) or not isinstance(n_segments, int) or n_segments < s_plan:
+        raise ValueError(expected("gms", "n_segments", f"an int >= {s_plan}", n_segments))
     bounds = segment_ptr.tolist()
     every = n_segments == s_plan and all(hi > lo for lo, hi in itertools.pairwise(bounds))
     if every and grouped_mm_supported(a, b) and a.shape[0] % 4 == 0:
@@ -203,8 +243,10 @@ def g_mseg_s_cpu(
         ``Y`` of shape ``[N_out, M]``.
 
     Raises:
-        ValueError: a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
+    check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     e, dtype = plan.num_pairs, x.dtype
     bounds = plan.memo.get("segment bounds")
     if bounds is None:  # checked once per plan, like every memo entry

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numba
 
+from fusekit.gms.kernels.cpu.checks import check_index, check_operands
 from fusekit.gms.kernels.cpu.rows import (
     check_out,
     numpy_of,
@@ -116,10 +117,14 @@ def segment_products_cpu(
         ``out``, ``P`` of shape ``[E, M]``.
 
     Raises:
-        ValueError: a guarded tile, item or row index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, or a guarded tile, item or row index is out
+            of range.
     """
     import torch
 
+    check_operands(a, w, None, plan.num_pairs, plan.num_segments, x_name="a")
+    check_index("a_index", a_index, plan.num_pairs)
     if out is None:
         out = torch.empty(plan.num_pairs, w.shape[2], dtype=a.dtype)
     check_out(out, (plan.num_pairs, w.shape[2]), a.dtype)
@@ -152,8 +157,10 @@ def gm_seg_s_cpu(
         ``Y`` of shape ``[N_out, M]``.
 
     Raises:
-        ValueError: a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
+    check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     products = scratch("products", plan.num_pairs, w.shape[2], x.dtype)
     segment_products_cpu(x, plan.gather, w, plan, out=products)
     return reduce_rows_cpu(

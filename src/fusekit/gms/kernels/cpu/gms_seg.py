@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 
 import numba
 
+from fusekit.gms.kernels.cpu.checks import check_operands
 from fusekit.gms.kernels.cpu.rows import numpy_of, plan_array, raise_if_bad
 from fusekit.gms.kernels.cpu.tile import (
     FASTMATH,
     MR,
     MR_NR,
     NR,
+    block_ok,
     load_rows,
     rows_in_range,
     scatter_tile,
@@ -64,10 +66,16 @@ def _gms_seg_kernel(  # type: ignore[no-untyped-def]
     n_segments = w.shape[0]
     M = w.shape[2]
     n_pairs = min(gather.shape[0], scatter.shape[0])
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
+    n_tiles = min(tile_segment.shape[0], tile_start.shape[0], tile_end.shape[0])
     bad = 0
     for b in numba.prange(block_ptr.shape[0] - 1):
         rows = stack_buffer(gather, MR)
         acc = numba.carray(stack_buffer(x, MR_NR), (MR, NR))
+        if not block_ok(block_ptr, b, n_tiles):
+            bad += 1
+            continue
         # ---- tiles of this block, segment by segment ----
         for t in range(block_ptr[b], block_ptr[b + 1]):
             if not tile_ok(t, tile_segment, tile_start, tile_end, n_segments, n_pairs):
@@ -106,10 +114,13 @@ def gms_seg_cpu(
         ``Y`` of shape ``[N_out, M]``.
 
     Raises:
-        ValueError: the plan's block pointer is malformed, or a guarded index is out of range.
+        TypeError: an operand has the wrong type or dtype.
+        ValueError: an operand's shape is wrong, the plan's block pointer is malformed, or a
+            guarded index is out of range.
     """
     import torch
 
+    check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     reduce_max = plan.reduce == "max"
     fill = float("-inf") if reduce_max else 0.0
     out = torch.full((plan.n_out, w.shape[2]), fill, dtype=x.dtype)

@@ -25,7 +25,8 @@ import numba
 import numpy as np
 
 from fusekit.errors import expected
-from fusekit.gms.kernels.cpu.tile import FASTMATH
+from fusekit.gms.kernels.cpu.checks import check_count, check_index, check_rows_operand, check_scale
+from fusekit.gms.kernels.cpu.tile import FASTMATH, nan_max
 
 if TYPE_CHECKING:
     import torch
@@ -68,10 +69,15 @@ def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
     overwrite,
 ):
     n_src = src.shape[0]
+    # positions past an index or scale array are guarded, whatever n_pairs the caller gave
+    if has_index:
+        n_pairs = min(n_pairs, src_index.shape[0])
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
     n_ptr = pos.shape[0] if has_pos else n_pairs
-    M = out.shape[1]
+    M = min(out.shape[1], src.shape[1])
     bad = 0
-    for i in numba.prange(out.shape[0]):
+    for i in numba.prange(min(out.shape[0], ptr.shape[0] - 1)):
         lo = ptr[i]
         hi = ptr[i + 1]
         if lo < 0 or hi < lo or hi > n_ptr:
@@ -104,7 +110,7 @@ def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
             elif reduce_max:
                 for m in range(M):
                     col = np.uint64(m)
-                    row[col] = max(row[col], c * values[col])
+                    row[col] = nan_max(row[col], c * values[col])
             else:
                 for m in range(M):
                     col = np.uint64(m)
@@ -130,6 +136,8 @@ def gather_rows_cpu(
     """
     import torch
 
+    check_rows_operand("x", x)
+    check_index("index", index)
     if out is None:
         out = torch.empty(index.shape[0], x.shape[1], dtype=x.dtype)
     check_out(out, (index.shape[0], x.shape[1]), x.dtype)
@@ -171,10 +179,25 @@ def reduce_rows_cpu(
     """
     import torch
 
-    n_out = ptr.shape[0] - 1
+    check_rows_operand("src", src)
+    check_index("ptr", ptr)
+    n_pairs = check_count("n_pairs", n_pairs)
+    for name, index in (("src_index", src_index), ("pos", pos)):
+        if index is not None:
+            check_index(name, index)
+    if src_index is not None and src_index.shape[0] < n_pairs:
+        raise ValueError(
+            expected("gms", "src_index", f"at least {n_pairs} long", src_index.shape[0])
+        )
+    if scale is not None:
+        check_scale(scale[:n_pairs], n_pairs, None)
+    n_out = max(ptr.shape[0] - 1, 0)
     overwrite = out is None
     if out is None:
         out = torch.empty(n_out, src.shape[1], dtype=src.dtype)
+    check_out(out, (n_out, src.shape[1]), src.dtype)
+    if n_out == 0:
+        return out
     one = torch.ones(1, dtype=src.dtype)
     bad = _reduce_rows_kernel(
         numpy_of(src),

@@ -335,8 +335,28 @@ def segment_skinny_mm(
         ``out``.
 
     Raises:
-        ValueError: ``w`` is neither contiguous nor a transposed contiguous view.
+        ValueError: ``w`` is neither contiguous nor a transposed contiguous view, the shapes
+            do not match, or a listed segment is not one of ``w``'s with at most
+            ``SKINNY_ROWS`` rows.
     """
+    from fusekit.gms.kernels.cpu.checks import check_rows_operand
+    from fusekit.gms.kernels.cpu.g_mseg_s import check_segment_ptr
+    from fusekit.gms.kernels.cpu.rows import check_out
+
+    if not segments:
+        return out
+    check_rows_operand("a", a)
+    if w.dim() != 3 or w.dtype != a.dtype or w.shape[1] != a.shape[1]:
+        got = f"{tuple(w.shape)} {w.dtype}"
+        raise ValueError(expected("segment_skinny_mm", "w", f"[S, {a.shape[1]}, M] {a.dtype}", got))
+    check_segment_ptr(segment_ptr, a.shape[0])
+    check_out(out, (a.shape[0], w.shape[2]), a.dtype)
+    n_segments = min(segment_ptr.shape[0] - 1, w.shape[0])
+    bounds = segment_ptr.tolist()
+    for s in segments:
+        if not (0 <= s < n_segments and bounds[s + 1] - bounds[s] <= SKINNY_ROWS):
+            want = f"segments in [0, {n_segments}) of at most {SKINNY_ROWS} rows"
+            raise ValueError(expected("segment_skinny_mm", "segments", want, s))
     layout = weight_layout(w)
     if layout is None:
         raise ValueError(

@@ -99,12 +99,16 @@ def scatter_tile(out, scatter, scale, has_scale, e, n, m0, nc, acc, reduce_max):
         c = scale[e + r] if has_scale else scale[0]
         if reduce_max:
             for j in range(nc):
-                v = c * products[j]
-                if v > row[j]:
-                    row[j] = v
+                row[j] = nan_max(row[j], c * products[j])
         else:
             for j in range(nc):
                 row[j] += c * products[j]
+
+
+@numba.njit(cache=True, inline="always")
+def nan_max(a, b):  # type: ignore[no-untyped-def]
+    """``max(a, b)``, NaN if either is NaN (``torch.amax``'s rule; ``a if a > b`` drops NaN)."""
+    return b if b > a or b != b else a
 
 
 @numba.njit(cache=True, inline="always")
@@ -130,6 +134,12 @@ def rows_in_range(index, e, n, n_rows):  # type: ignore[no-untyped-def]
         if q < 0 or q >= n_rows:
             return False
     return True
+
+
+@numba.njit(cache=True, inline="always")
+def block_ok(block_ptr, b, n_tiles):  # type: ignore[no-untyped-def]
+    """True if the tiles ``[block_ptr[b], block_ptr[b + 1])`` of block ``b`` lie in ``[0, T]``."""
+    return 0 <= block_ptr[b] and block_ptr[b + 1] <= n_tiles
 
 
 @numba.njit(cache=True, inline="always")

@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 
 from fusekit.gms.kernels.triton.checks import (
+    INT32_LIMIT,
+    check_grid,
     check_operands,
     check_rows,
     check_segment_ptr,
@@ -180,7 +182,8 @@ def _pair_dot_kernel(
                 mask=ok_b[:, None] & mask_m[None, :],
                 other=0.0,
             ).to(tl.float32)
-            dots += tl.sum(acc * b, axis=1)
+            # padded columns hold x * 0, NaN where x is infinite: leave them out of the dot
+            dots += tl.sum(tl.where(mask_m[None, :], acc * b, 0.0), axis=1)
         tl.store(out_ptr + offs_e, dots.to(out_ptr.dtype.element_ty), mask=mask_e)
 
 
@@ -231,7 +234,10 @@ def segment_outer_triton(
     used = plan.segment_ptr.shape[0] - 1
     if used == 0 or k == 0 or m == 0:
         return out
+    if k * m >= INT32_LIMIT:
+        raise ValueError(_operand_error(a, b))
     grid = (used, triton.cdiv(k, BLOCK_K), triton.cdiv(m, BLOCK_M))
+    check_grid(grid)
     _segment_outer_kernel[grid](
         a,
         a_index,

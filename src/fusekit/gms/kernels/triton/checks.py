@@ -19,13 +19,30 @@ if TYPE_CHECKING:
 
 #: Dtypes the kernels take (they accumulate in float32).
 DTYPES = ("float32", "bfloat16", "float16")
+#: Bound of what the kernels index in int32: a program's positions (``program_id * BLOCK``)
+#: and offsets inside one weight matrix (``k * M + m``).
+INT32_LIMIT = 2**31
+#: The most programs a launch grid may have along each axis (CUDA's limits).
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def check_grid(grid: tuple[int, ...]) -> None:
+    """Raise unless the launch grid fits the device's limits.
+
+    Raises:
+        ValueError: too many programs along an axis (a very wide ``M`` or ``K``).
+    """
+    for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS, strict=False)):
+        if size > limit:
+            raise ValueError(expected("gms", f"launch grid axis {axis}", f"<= {limit}", size))
 
 
 def check_operands(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, n: int) -> None:
     """Raise unless ``x[N, K]``, ``w[S, K, M]`` and ``scale[n]`` fit the kernels.
 
     Raises:
-        ValueError: an unsupported dtype, mismatched shapes or devices.
+        ValueError: an unsupported dtype, mismatched shapes or devices, or sizes past the
+            kernels' int32 offsets.
     """
     if str(x.dtype).removeprefix("torch.") not in DTYPES or w.dtype != x.dtype:
         raise ValueError(expected("gms", "x, w", f"one dtype of {DTYPES}", (x.dtype, w.dtype)))
@@ -34,6 +51,9 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         raise ValueError(expected("gms", "x, w", "[N, K] and [S, K, M] on one device", shapes))
     if scale is not None and (scale.shape != (n,) or scale.device != x.device):
         raise ValueError(expected("gms", "scale", f"[{n}] on {x.device}", tuple(scale.shape)))
+    if n >= INT32_LIMIT or w.shape[1] * w.shape[2] >= INT32_LIMIT:
+        got = f"{n} pairs, K * M = {w.shape[1] * w.shape[2]}"
+        raise ValueError(expected("gms", "x, w", "fewer than 2**31 pairs and K * M < 2**31", got))
 
 
 def check_index(plan: GMSPlan, name: str, high: int) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from fusekit.gms.kernels.triton.checks import check_grid
 from fusekit.gms.kernels.triton.gms_seg import (
     ADD,
     MAX,
@@ -83,6 +84,7 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(index.shape[0], x.shape[1])
     if out.numel():
         grid = (triton.cdiv(index.shape[0], BLOCK_E), triton.cdiv(x.shape[1], BLOCK_K))
+        check_grid(grid)
         _gather_rows_kernel[grid](
             x,
             index,

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from fusekit.gms.kernels.triton.checks import (
     check_dst_csr,
+    check_grid,
     check_index,
     check_operands,
     check_tiles,
@@ -105,10 +106,11 @@ def _segment_gemm_kernel(
     tile_segment_ptr,
     tile_start_ptr,
     tile_end_ptr,
-    # sizes
+    # sizes: rows of a, of out, matrices of w, positions (of a_index, scatter, scale, P)
     n_rows,
     n_out,
     n_segments,
+    n_pairs,
     K,
     M,
     # strides
@@ -132,8 +134,8 @@ def _segment_gemm_kernel(
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     s = tl.load(tile_segment_ptr + t).to(tl.int64)
-    lo = tl.load(tile_start_ptr + t)
-    hi = tl.load(tile_end_ptr + t)
+    lo = tl.maximum(tl.load(tile_start_ptr + t), 0)
+    hi = tl.minimum(tl.load(tile_end_ptr + t), n_pairs)  # positions past the arrays: none
     s_ok = (s >= 0) & (s < n_segments)
     s = tl.where(s_ok, s, 0)
     hi = tl.where(s_ok, hi, lo)  # a tile naming no segment of w runs no rows
@@ -170,6 +172,10 @@ def _segment_gemm_kernel(
         elif EPILOGUE == 1:
             tl.atomic_add(out, acc, mask=mask)
         else:
+            # float atomic_max is an integer max/min on the bits chosen by the sign bit, so a
+            # NaN with the sign bit set would lose; a positive quiet NaN wins against every
+            # value and stays (torch.amax propagates NaN)
+            acc = tl.where(acc != acc, float("nan"), acc)
             tl.atomic_max(out, acc, mask=mask)
 
 
@@ -222,6 +228,7 @@ def segment_gemm(
         if value is not None
     }
     grid = (n_tiles, triton.cdiv(m, block_m))
+    check_grid(grid)
     _segment_gemm_kernel[grid](
         a,
         a_index if a_index is not None else tile_start,
@@ -235,6 +242,7 @@ def segment_gemm(
         a.shape[0],
         out.shape[0],
         w.shape[0],
+        n_positions(a, a_index, out, scatter, scale, epilogue),
         a.shape[1],
         m,
         a.stride(0),
@@ -254,6 +262,22 @@ def segment_gemm(
         **options,
     )
     return out
+
+
+def n_positions(
+    a: torch.Tensor,
+    a_index: torch.Tensor | None,
+    out: torch.Tensor,
+    scatter: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    epilogue: int,
+) -> int:
+    """Positions every array the kernel reads or writes by position holds: the tiles' bound."""
+    lengths = [a_index.shape[0] if a_index is not None else a.shape[0]]
+    lengths += [t.shape[0] for t in (scatter, scale) if t is not None]
+    if epilogue == STORE:
+        lengths.append(out.shape[0])
+    return min(lengths)
 
 
 def scatter_out(plan: GMSPlan, m: int, device: torch.device) -> torch.Tensor:

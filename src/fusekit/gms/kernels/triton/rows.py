@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from fusekit.errors import expected
+from fusekit.gms.kernels.triton.checks import check_grid
 from fusekit.gms.kernels.triton.g_ms_seg import gather_rows
 
 if TYPE_CHECKING:
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
 
 BLOCK_Q = 16
 BLOCK_M = 32
+
+
+@triton.jit
+def nan_max(a, b):
+    """``max(a, b)``, NaN if either is NaN, as ``torch.amax`` (``tl.max`` drops NaN on GPUs)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -97,7 +104,7 @@ def _reduce_rows_kernel(
             vals = vals * c[:, None]
         if REDUCE_MAX:
             vals = tl.where(mask, vals, float("-inf"))
-            acc = tl.maximum(acc, tl.max(vals, axis=0))
+            acc = nan_max(acc, tl.reduce(vals, 0, nan_max))
         else:
             acc += tl.sum(vals, axis=0)
     if REDUCE_MAX:
@@ -136,7 +143,11 @@ def launch_reduce_rows(
     m = out.shape[1]
     if out.shape[0] == 0 or m == 0:
         return out
+    if ptr.shape != (out.shape[0] + 1,) or src.shape[1] != m:
+        got = f"ptr {tuple(ptr.shape)}, src {tuple(src.shape)}, out {tuple(out.shape)}"
+        raise ValueError(expected("gms", "ptr, src, out", "[N + 1], [R, M] and [N, M]", got))
     grid = (out.shape[0], triton.cdiv(m, BLOCK_M))
+    check_grid(grid)
     _reduce_rows_kernel[grid](
         src,
         src_index if src_index is not None else ptr,
