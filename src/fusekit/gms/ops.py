@@ -10,7 +10,8 @@ break and ``torch.export`` records them)::
                           str strategy, bool[] needs) -> (Tensor, Tensor, Tensor)
 
 ``plan`` is :attr:`fusekit.gms.GMSPlan.packed` of a plan made by :func:`fusekit.gms.plan`
-(index values are checked there; the op checks the layout and the kernels guard every index).
+(index values are checked there, or when an unknown buffer is parsed; each call verifies that
+the plan was not edited since (:mod:`fusekit.gms.integrity`) and the kernels guard every index).
 ``strategy`` is ``"auto"`` or a strategy name (``"(GMS)seg"``, ``"aggregate-first"``,
 ``"transform-first/G-Mseg-S"``, ...). The backward is itself made of g-mm-s pieces; see
 :mod:`fusekit.gms.dispatch`. It is not differentiable again (no double backward).
@@ -24,12 +25,15 @@ import torch
 
 from fusekit.errors import expected
 from fusekit.gms import dispatch
+from fusekit.gms.integrity import verify
 from fusekit.gms.problem import GMSPlan, check_operands, remember
 
 
-def _plan_of(plan: torch.Tensor, n_out: int) -> GMSPlan:
+def _plan_of(plan: torch.Tensor, n_out: int | None = None) -> GMSPlan:
+    """The parsed plan, verified unchanged since it was made (:func:`integrity.verify`)."""
     built = GMSPlan.from_packed(plan)
-    if built.n_out != n_out:
+    verify(built)
+    if n_out is not None and built.n_out != n_out:
         raise ValueError(expected("gms", "n_out", f"{built.n_out} (the plan's)", n_out))
     return built
 
@@ -76,7 +80,7 @@ def gms_backward_op(
     needs: Sequence[bool],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients w.r.t. ``x``, ``w``, ``scale``; an empty tensor where ``needs`` is False."""
-    built = GMSPlan.from_packed(plan)
+    built = _plan_of(plan)
     flags = (bool(needs[0]), bool(needs[1]), bool(needs[2]) and scale is not None)
     dx, dw, dscale = dispatch.backward(
         dispatch.resolve(strategy, built), grad, x, w, built, scale, flags

@@ -13,9 +13,10 @@ row; a row that no pair reaches is zero for every reduce.
 reuse it): it sorts the pairs by (segment, destination block, scatter row), cuts each segment into
 tiles, records segment offsets, per-pair ``mean`` weights, a destination CSR (for scatter kernels
 that own output rows), a source CSR (for the input gradient), and the sub-problems of the
-transform-first and aggregate-first orders. Index values are checked here, once; kernels still
-guard every index they dereference, so a plan modified by hand cannot make them read or write
-out of bounds.
+transform-first and aggregate-first orders. Index values are checked here, once. A plan is
+immutable: one edited after it was made is detected at the next call and validated again
+(:mod:`fusekit.gms.integrity`), and kernels still guard every index they dereference, so a plan
+modified by hand cannot make them read or write out of bounds.
 
 Importing this module does not import torch.
 """
@@ -38,6 +39,12 @@ REDUCES: tuple[str, ...] = ("sum", "mean", "max")
 SCHEDULES: tuple[str, ...] = ("pad", "pack")
 #: Default pairs per tile: a multiple of the CPU register tile's rows and of Triton's BLOCK sizes.
 TILE_ROWS = 64
+#: Largest size (rows, segments, tile rows, blocks) a plan accepts: an int64 index array of
+#: 2**40 entries is 8 TiB, beyond any machine; the bound keeps every product below in int64.
+MAX_SIZE = 2**40
+#: Bound of sizes derived by multiplication (sort keys ``s * (n_out + 1) + d``, block
+#: numbers ``pairs before a row * blocks``): int64 with a factor 2 to spare.
+INDEX_LIMIT = 2**62
 _MAGIC = 0x676D73  # "gms": the first entry of every plan's meta tensor
 _INDEX_DTYPES = ("torch.int32", "torch.int64")
 
@@ -138,13 +145,17 @@ class GMSProblem:
         g_max = _check_range("gather", g, n_in, "n_in")
         s_max = _check_range("segment", s, num_segments, "num_segments")
         _check_range("scatter", d, n_out, "n_out")
+        n_in = g_max + 1 if n_in is None else n_in
+        num_segments = s_max + 1 if num_segments is None else num_segments
+        rows = max(n_in, n_out) + 1
+        _check_product("num_segments * (max(n_in, n_out) + 1)", num_segments * rows)
         return cls(
             gather=g,
             segment=s,
             scatter=d,
             n_out=n_out,
-            n_in=g_max + 1 if n_in is None else n_in,
-            num_segments=s_max + 1 if num_segments is None else num_segments,
+            n_in=n_in,
+            num_segments=num_segments,
             reduce=reduce,
         )
 
@@ -154,7 +165,15 @@ def _check_size(name: str, value: Any) -> int:
         raise TypeError(expected("gms", name, "an int", type(value).__name__))
     if value < 0:
         raise ValueError(expected("gms", name, ">= 0", value))
+    if value > MAX_SIZE:
+        raise ValueError(expected("gms", name, f"<= 2**{MAX_SIZE.bit_length() - 1}", value))
     return value
+
+
+def _check_product(name: str, value: int) -> None:
+    """Raise unless a size derived by multiplication stays clear of int64 overflow."""
+    if value >= INDEX_LIMIT:
+        raise ValueError(expected("gms", name, f"< 2**{INDEX_LIMIT.bit_length() - 1}", value))
 
 
 def _check_range(name: str, index: torch.Tensor, bound: int | None, bound_name: str) -> int:
@@ -221,6 +240,8 @@ class GMSPlan:
             :attr:`packed`.
         memo: per-plan derived values kernels reuse across calls (host views, the mean weights
             in the compute dtype); a plan changed with ``dataclasses.replace`` starts empty.
+        parsed: whether the plan was parsed from ``buffer`` (its tensors are views of it);
+            False for one changed with ``dataclasses.replace``.
     """
 
     num_pairs: int
@@ -250,6 +271,7 @@ class GMSPlan:
     transform: OrderPlan | None = None
     buffer: torch.Tensor | None = None
     memo: dict[Any, Any] = field(init=False, default_factory=dict, repr=False, compare=False)
+    parsed: bool = field(init=False, default=False, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -280,20 +302,33 @@ class GMSPlan:
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor) -> GMSPlan:
-        """Rebuild a plan from :attr:`packed`; checks the layout in O(1), not the values.
+        """Rebuild a plan from :attr:`packed`, checking every value it holds.
 
-        The last few plans parsed are remembered (keyed by the tensor object and its version
-        counter, so an in-place edit is parsed again): an epoch of calls parses once.
+        The layout is checked in O(1); the values are checked in O(E)
+        (:func:`fusekit.gms.integrity.validate`) unless the buffer is one a plan of this
+        process was made in and is unchanged since (:func:`fusekit.gms.integrity.admit`). The
+        last few plans parsed are remembered (keyed by the tensor object and its version
+        counter, so an in-place edit is parsed and validated again): an epoch of calls parses
+        once.
 
         Raises:
-            ValueError: the tensor does not have the layout of a packed plan.
+            ValueError: the tensor does not have the layout of a packed plan, or does not hold
+                a consistent problem.
         """
+        return cls._from_buffer(packed, trusted=False)
+
+    @classmethod
+    def _from_buffer(cls, packed: torch.Tensor, *, trusted: bool) -> GMSPlan:
+        """:meth:`from_packed`; ``trusted``: a builder of this package wrote ``packed``."""
+        from fusekit.gms.integrity import admit
+
         with _PARSED_LOCK:
             hit = _PARSED.get(id(packed))
             if hit is not None and hit[0].buffer is packed and hit[1] == packed._version:
                 _PARSED.move_to_end(id(packed))
                 return hit[0]
         parsed = cls._parse(packed)
+        admit(parsed, trusted=trusted)
         remember(parsed)
         return parsed
 
@@ -322,8 +357,19 @@ class GMSPlan:
         return _unflatten(tensors[:width], "plan", orders[0], orders[1], packed)
 
     def to(self, device: torch.device | str) -> GMSPlan:
-        """The same plan with every tensor on ``device``."""
-        return GMSPlan.from_packed(self.packed.to(device))
+        """The same plan with every tensor on ``device`` (checked unchanged, then copied).
+
+        Raises:
+            ValueError: the plan was edited into an inconsistent one since it was made.
+        """
+        from fusekit.gms.integrity import trust_copy
+
+        packed = self.packed
+        moved = packed.to(device)
+        if moved is packed:
+            return self
+        trust_copy(self, moved)
+        return GMSPlan._from_buffer(moved, trusted=True)
 
 
 #: Plans parsed by :meth:`GMSPlan.from_packed`, most recent last (each keeps its buffer alive).
@@ -341,8 +387,10 @@ def remember(plan: GMSPlan) -> None:
     plan of the input gradient, a mirrored-pairs mark) is not lost to a second parse. The memo
     is stamped with the buffer's version; if the buffer was edited in place since (its version
     moved), everything derived from the old contents is dropped first, as a fresh parse would.
+    Only a plan parsed from its buffer is remembered: one changed with ``dataclasses.replace``
+    may hold tensors that are not the buffer's, and the op reads the buffer.
     """
-    if plan.buffer is None:
+    if plan.buffer is None or not plan.parsed:
         return
     version = plan.buffer._version
     if plan.memo.setdefault("buffer version", version) != version:
@@ -387,6 +435,7 @@ _TENSOR_FIELDS: tuple[str, ...] = tuple(
         "transform",
         "buffer",
         "memo",
+        "parsed",
     }
 )
 
@@ -421,8 +470,10 @@ def pack(plan: GMSPlan) -> GMSPlan:
     gives an equal one (``pack(p).packed`` equals ``p.packed``).
 
     Args:
-        plan: a plan whose tensors may live anywhere (e.g. assembled by hand, or sub-plans
-            built separately).
+        plan: a plan whose tensors may live anywhere (sub-plans built separately). Its values
+            are trusted (this is a builder's step, after :func:`plan` or ``plan_sorted``); a
+            buffer assembled elsewhere goes through :meth:`GMSPlan.from_packed`, which checks
+            them.
 
     Returns:
         The packed plan (:attr:`GMSPlan.buffer` set).
@@ -436,7 +487,7 @@ def pack(plan: GMSPlan) -> GMSPlan:
         else:
             parts += [sub.index, *_flatten(sub.plan)]
     head = torch.tensor([_MAGIC, len(parts), *(len(t) for t in parts)], device=plan.order.device)
-    return GMSPlan.from_packed(torch.cat([head, *parts]))
+    return GMSPlan._from_buffer(torch.cat([head, *parts]), trusted=True)
 
 
 def _unflatten(
@@ -472,16 +523,20 @@ def _unflatten(
         **tensors,
     )
     _check_layout(plan, name)
+    object.__setattr__(plan, "parsed", True)  # its tensors are views of its buffer
     return plan
 
 
 def _check_layout(plan: GMSPlan, name: str) -> None:
-    """O(1) checks of lengths and dtypes; kernels guard the values."""
+    """O(1) checks of lengths and dtypes (:mod:`fusekit.gms.integrity` checks the values)."""
     import torch
 
     e = plan.num_pairs
     t = plan.tile_segment.shape[0]
+    blocks, items = plan.block_ptr.shape[0], plan.item_ptr.shape[0]
     lengths = (
+        ("block_ptr", max(blocks, 2)),  # at least one block
+        ("item_ptr", max(items, 1)),
         ("order", e),
         ("gather", e),
         ("segment", e),
@@ -529,8 +584,12 @@ class PlanBuffer:
     views: dict[str, torch.Tensor]
 
     def plan(self) -> GMSPlan:
-        """The plan, once every view is filled (O(1) checks, as :meth:`GMSPlan.from_packed`)."""
-        return GMSPlan.from_packed(self.buffer)
+        """The plan, once every view is filled (the layout checked, the values trusted).
+
+        The plan is sealed here (:func:`fusekit.gms.integrity.admit`): writing into a view
+        afterwards is an edit, which the next call detects.
+        """
+        return GMSPlan._from_buffer(self.buffer, trusted=True)
 
 
 #: Host buffers of plans that :func:`_plan_storage` hands out again once nothing views them.
@@ -963,6 +1022,16 @@ def plan(
         raise TypeError(
             expected("gms", "problem", "a GMSProblem (see GMSProblem.create)", type(problem))
         )
+    # checked again (O(E), next to the sorts): a GMSProblem may be built without create()
+    problem = GMSProblem.create(
+        problem.gather,
+        problem.segment,
+        problem.scatter,
+        problem.n_out,
+        n_in=problem.n_in,
+        num_segments=problem.num_segments,
+        reduce=problem.reduce,
+    )
     tile_rows = _check_size("tile_rows", tile_rows)
     if tile_rows == 0:
         raise ValueError(expected("gms", "tile_rows", "> 0", tile_rows))
@@ -973,6 +1042,8 @@ def plan(
         raise ValueError(expected("gms", "blocks", "> 0", blocks))
     if schedule not in SCHEDULES:
         raise ValueError(expected("gms", "schedule", " or ".join(SCHEDULES), repr(schedule)))
+    _check_product("num_pairs * blocks", problem.num_pairs * blocks)
+    _check_product("num_pairs + tile_rows", problem.num_pairs + tile_rows)
     base = _plan(problem, tile_rows, blocks, schedule)
     if orders:
         base = _with_orders(base, problem, tile_rows, blocks, schedule)
