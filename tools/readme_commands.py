@@ -5,8 +5,8 @@ comment after ``#`` dropped, ``make`` lines skipped: they are the set-up CI runs
 ``.venv/bin`` first on ``PATH``, in a scratch folder that links ``src``, ``benchmarks`` and
 ``../shared`` as the repository sees them, so that relative paths resolve as they do for a user
 in the checkout and nothing is written into it. Placeholders the README names as such
-(``CASE_DIR``, ``GRAPH.gv`` and its ``B.npz``/``C.npz``, ``my-gpu.yaml``, ``mapping.yaml``)
-are given real files first. A command whose comment says ``exits N`` must exit with status N.
+(``CASE_DIR``, ``GRAPH.gv`` and its ``B.npz``/``C.npz``, ``my-gpu.yaml``) are given real
+files first. A command whose comment says ``exits N`` must exit with status N.
 
 Run: ``.venv/bin/python tools/readme_commands.py [--timeout 300] [--only SUBSTRING]``; exit
 status 1 when a command fails, with its last lines of output.
@@ -84,9 +84,6 @@ def prepare(work: Path, env: dict[str, str]) -> None:
     doc = json.loads(hw.stdout)
     doc["name"] = "my-gpu"
     (work / "my-gpu.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    subprocess.run(["fusekit", "accel", "explore", "gemm_softmax", "--hw", "edge", "-M", "256",
-                    "-N", "256", "-K", "128", "--write-mapping", "mapping.yaml"], cwd=work,
-                   env=env, capture_output=True, text=True, check=False)  # fmt: skip
 
 
 def main() -> int:

@@ -56,3 +56,24 @@ def test_eval_bad_mapping_names_the_node(tmp_path):
     result = runner.invoke(app, ["eval", str(f)])
     assert result.exit_code != 0
     assert "mapping.tile.temporal" in str(result.exception)
+
+
+def test_explore_writes_the_mapping_eval_reads(tmp_path):
+    from pathlib import Path
+
+    f = tmp_path / "best" / "m.yaml"
+    args = ["explore", "gemm_layernorm", "-M", "64", "-N", "64", "-K", "32", "--json"]
+    result = runner.invoke(app, [*args, "--write-mapping", str(f)])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.output)["best"]
+    again = runner.invoke(app, ["eval", str(f), "--json"])
+    assert again.exit_code == 0, again.output
+    data = json.loads(again.output)
+    assert data["mapping"] == best["mapping"]
+    assert data["latency_cycles"] == best["latency_cycles"]
+    assert data["energy_pj"] == best["energy_pj"]
+    examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/examples"
+    for op in ("gemm", "gemm_softmax", "gemm_layernorm", "attention"):  # one shipped per op
+        shipped = runner.invoke(app, ["eval", str(examples / f"{op}_edge.yaml"), "--json"])
+        assert shipped.exit_code == 0, shipped.output
+        assert json.loads(shipped.output)["latency_cycles"] > 0

@@ -109,7 +109,11 @@ def explore(
     ] = None,
     write_mapping: Annotated[
         Path | None,
-        typer.Option(help="--space comet: write the best as COMET's four files + fusekit.yaml."),
+        typer.Option(
+            help="Write the best mapping: with --space comet a folder of COMET's four files + "
+            "fusekit.yaml + tree.yaml; else one YAML file (problem, accelerator, mapping) that "
+            "`accel eval` reads."
+        ),
     ] = None,
     json: JsonOption = False,
 ) -> None:
@@ -144,6 +148,8 @@ def explore(
         )
     best = result.best[objective]
     breakdown = evaluate(spec, target, best.mapping)
+    if write_mapping is not None:
+        _write_flat(write_mapping, problem, m, n, k, hw, spec, best.mapping)
     by_fusion = {
         f.value: {"latency_cycles": s["latency"].latency_cycles, "energy_pj": s["energy"].energy_pj}
         for f, s in result.best_by_fusion.items()
@@ -198,6 +204,24 @@ def explore(
         ("op / collective", "kind", "cycles", "energy (uJ)", "DRAM words"),
         _breakdown_rows(breakdown),
     )
+
+
+def _write_flat(
+    path: Path, problem: str, m: int, n: int, k: int, hw: str, spec: Any, mapping: Any
+) -> None:
+    """One mapping as ``accel eval`` reads it: the problem, the accelerator, the tree."""
+    import yaml
+
+    from fusekit.accel.mapping import to_tree, tree_to_dict
+    from fusekit.accel.problem import KINDS
+    from fusekit.files import load_yaml_mapping
+
+    prob = {"kind": problem, "M": m, "N": n, "K": k} if problem in KINDS else None
+    doc = {"problem": prob or load_yaml_mapping(problem), "accelerator": hw,
+           "mapping": tree_to_dict(to_tree(spec, mapping))}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {spec.name} on {hw}: {mapping.label()}\n"
+                    + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
 
 
 def _explore_comet(
