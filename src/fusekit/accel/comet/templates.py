@@ -11,7 +11,9 @@ Ops: ``gemm``, ``gemm_softmax`` (ROWMAX, all-reduce(max), SUB, EXP1, all-reduce(
 DIV) and ``gemm_layernorm`` (ROWSUM1, all-reduce(add), SUB, SQR, all-reduce(add), ROWSUM2,
 SQRT, DIV: no affine part, the 1/N not a separate op) and ``attention`` (the Softmax chain,
 then ``O = H V`` on the GEMM engine over the same tiles, reduced over N, which the cores and
-the global buffers split, so an all-reduce(add) of O closes it; V's head width is K's).
+the global buffers split, so a reduction(add) of O onto one global buffer closes it; V's head
+width is K's), and ``softmax`` and ``layernorm`` alone (the second kernel of an unfused
+baseline: C read from DRAM).
 COMET's placement of the second all-reduce on the exponentials (the tile) rather than on the
 row sums is kept (README quirk 4).
 """
@@ -61,9 +63,14 @@ LAYERNORM = (
 )  # fmt: skip
 CHAINS: dict[str, tuple[Any, ...]] = {"gemm": (), "gemm_softmax": SOFTMAX,
                                       "gemm_layernorm": LAYERNORM,
-                                      "attention": SOFTMAX}  # fmt: skip
+                                      "attention": SOFTMAX, "softmax": SOFTMAX,
+                                      "layernorm": LAYERNORM}  # fmt: skip
+#: the chains alone: the second kernel of an unfused baseline, reading C from DRAM (DRAM -> GB ->
+#: OB, loaded by the first op's group), as the oracle's authored ``*_only`` runs are built
+ALONE = ("softmax", "layernorm")
 #: attention's second GEMM, ``O[M,K] = H[M,N] V[N,K]`` (the value head width is K's), reduced
-#: over N, which the cores and the global buffers split: an all-reduce(add) of O follows it
+#: over N, which the cores and the global buffers split: a reduction(add) of O onto one global
+#: buffer follows it (only the one that writes O back needs the sum)
 PV = ("GEMM2", ("H", "V"), "O")
 
 
@@ -132,9 +139,9 @@ def _gemm(
                  _spatial(3), "KNM", [core])  # fmt: skip
 
 
-def _allreduce(tag: str, red: str, tensor: str) -> dict[str, Any]:
+def _allreduce(tag: str, red: str, tensor: str, kind: str = "allreduce") -> dict[str, Any]:
     return {
-        "node_type": "CollectiveOperation", "tag": tag, "target": "GB", "type": "allreduce",
+        "node_type": "CollectiveOperation", "tag": tag, "target": "GB", "type": kind,
         "reduction_op": red, "dimension": "N", "src": ["GB"], "dest": ["GB"],
         "wb_output": False, "in_tensor": tensor, "out_tensor": tensor, "precision": 16,
         "child": "GB",
@@ -164,9 +171,13 @@ def mapping(op: str) -> dict[str, Any]:
     ops = [o for g in chain if not isinstance(g[0], str) for o in g]
     last = ops[-1].name if ops else "GEMM"
     out = ops[-1].out if ops else "C"
+    alone = op in ALONE
     children: list[Any] = [_seq(), _gemm(), _seq()] if ops else [_gemm()]
     gb_t = ["A", "B"] + [o.gb_tensor for o in ops] if ops else ["A", "B", "C"]
     gb_tags = ["GEMM", "GEMM"] + [o.name for o in ops] if ops else ["GEMM"] * 3
+    if alone:
+        children = [_seq()]
+        gb_t, gb_tags = ["C", *gb_t[2:]], [ops[0].name, *gb_tags[2:]]
     for i, group in enumerate(chain):
         if isinstance(group[0], str):  # a collective after the group on its left
             tag, red, tensor = group
@@ -177,8 +188,10 @@ def mapping(op: str) -> dict[str, Any]:
         leaves = [_simd_leaf(o) for o in group]
         sub = leaves if len(leaves) == 1 else [_seq(), *leaves]
         names = [o.gb_tensor for o in group]
-        g = len(group)
         tags = [o.name for o in group]
+        if alone and i == 0:  # C comes in from DRAM with the first op
+            names, tags = ["C", *names], [group[0].name, *tags]
+        g = len(names)
         children.append(
             _tile("spatial", names, tags, ["GB"] * g, ["OB"] * g, 16, _spatial(g), "MKN", sub)
         )
@@ -186,10 +199,12 @@ def mapping(op: str) -> dict[str, Any]:
             children.append(_seq())
     io, tags = ["A", "B", out], ["GEMM", "GEMM", last]
     childs = ["IB", "WB"] + ["OB"] * (len(gb_t) - 2)
+    if alone:
+        io, tags, childs = ["C", out], [ops[0].name, last], ["OB"] * len(gb_t)
     if op == "attention":  # P V after the softmax, then the all-reduce of its partial sums
         name, (h, v), o = PV
         children += [_seq(), _gemm(name, (h, v, o), "red_dim_pv", "red_factor_pv", 16), _seq(),
-                     _allreduce("colop3", "add", o)]  # fmt: skip
+                     _allreduce("colop3", "add", o, "reduction")]  # fmt: skip
         gb_t, gb_tags, childs = [*gb_t, v, o], [*gb_tags, name, name], [*childs, "WB", "OB"]
         io, tags = ["A", "B", v, o], ["GEMM", "GEMM", name, name]
     n = len(gb_t)
@@ -224,6 +239,8 @@ def problem(op: str) -> dict[str, Any]:
 
     opers = [spec("GEMM", ("A", "B"), "C")] + [spec(o.name, o.ins, o.out) for o in ops]
     ins, outs = "A,B", ops[-1].out if ops else "C"
+    if op in ALONE:
+        opers, ins = opers[1:], "C"
     if op == "attention":
         name, pv_ins, outs = PV
         opers.append(spec(name, pv_ins, outs))
