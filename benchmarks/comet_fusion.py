@@ -8,6 +8,13 @@ summary), this script evaluates the three runs with the tree model as COMET does
 columns: equal to the binary's outputs) and with COMET's defects off (``native`` columns), and
 prints COMET's own ratio from the summary next to them, and the paper's up-to speedups.
 
+A second study (``study: templates``) builds the same comparison without the oracle's files,
+for every op fusekit writes a COMET template for, attention included: for each shape of the
+shared runs the mapper's best fused tiling (``fusekit.accel.comet.space``), against the unfused
+kernels of COMET's construction at that tiling (:mod:`fusekit.accel.comet.fusion`: GEMM, then
+Softmax or LayerNorm alone; attention adds ``O = H V`` at its own best tiling). The templates
+give the oracle's runs exactly (tests/accel/test_comet.py).
+
 Run: ``.venv/bin/python benchmarks/comet_fusion.py`` -> ``benchmarks/results/comet_fusion.json``.
 """
 
@@ -30,19 +37,62 @@ TITLE = (
     "tree model in COMET's mode and native mode, beside the COMET binary's own ratios and the "
     "paper's up-to speedups."
 )
+ORACLE_RUNS = {"study": "oracle"}
+TEMPLATES = {"study": "templates"}
 PLOTS = (
     Plot(title="Unfused / fused cycles (COMET mode), best of the shared runs per shape",
-         x="M,N,K", y="comet_cycles_ratio", hue="op", stat="max", ref=1.0),
+         x="M,N,K", y="comet_cycles_ratio", hue="op", stat="max", ref=1.0, where=ORACLE_RUNS),
     Plot(title="Unfused / fused energy (COMET mode), best of the shared runs per shape",
-         x="M,N,K", y="comet_energy_ratio", hue="op", stat="max", ref=1.0),
+         x="M,N,K", y="comet_energy_ratio", hue="op", stat="max", ref=1.0, where=ORACLE_RUNS),
+    Plot(title="Templates: unfused / fused cycles at the mapper's best fused tiling",
+         x="M,N,K", y="cycles_ratio", hue="op", ref=1.0, where=TEMPLATES),
+    Plot(title="Templates: unfused / fused energy at the mapper's best fused tiling",
+         x="M,N,K", y="energy_ratio", hue="op", ref=1.0, where=TEMPLATES),
 )  # fmt: skip
 TABLES = (
     Summary(title="Unfused / fused per shape and op: ours (COMET mode, native) and the binary's",
             rows=["arch", "M,N,K", "op"],
             values=["comet_cycles_ratio", "comet_binary_cycles_ratio", "native_cycles_ratio",
                     "comet_energy_ratio", "comet_binary_energy_ratio", "native_energy_ratio",
-                    "paper_up_to"], stats=["max"]),
+                    "paper_up_to"], stats=["max"], where=ORACLE_RUNS),
+    Summary(title="Templates: fused and unfused (COMET's construction) per shape and op",
+            rows=["arch", "M,N,K", "op"],
+            values=["fused_cycles", "unfused_cycles", "cycles_ratio", "energy_ratio"],
+            stats=["max"], where=TEMPLATES),
 )  # fmt: skip
+
+
+def templates(shapes: list[tuple[str, str]]) -> list[dict[str, object]]:
+    """The templates study (module docstring): one record per shape and op, COMET mode."""
+    from fusekit.accel.comet.fusion import KERNELS, unfused
+    from fusekit.accel.comet.space import Space, label
+    from fusekit.hw import load
+    from fusekit.hw.cpu_gpu import plain
+
+    out: list[dict[str, object]] = []
+    for arch, mnk in shapes:
+        doc = plain(load(arch).comet_arch)  # type: ignore[union-attr]
+        m, n, k = map(int, mnk.split(","))
+        dims = {"M": m, "N": n, "K": k}
+        for op in KERNELS:
+            try:
+                best = Space.builtin(op, doc).search(dims, sample=1).best
+                kernels = unfused(op, best.tiling, dims, doc)
+            except ValueError as e:  # no tiling fits, or a kernel does not
+                print(f"{arch} {mnk} {op}: {e}")
+                continue
+            cyc = sum(x.total_cycles for x in kernels)
+            pj = sum(x.total_energy_pj for x in kernels)
+            out.append({
+                "study": "templates", "arch": arch, "M,N,K": mnk, "op": op,
+                "tiling": label(best.tiling), "fused_cycles": best.total_cycles,
+                "fused_energy_pj": best.total_energy_pj, "unfused_cycles": cyc,
+                "unfused_energy_pj": pj,
+                "kernels": " + ".join(f"{x.name} {x.total_cycles:,}" for x in kernels),
+                "cycles_ratio": cyc / (best.total_cycles or 1),
+                "energy_ratio": pj / (best.total_energy_pj or 1.0),
+            })  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -51,11 +101,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/comet_fusion.json"))
     args = parser.parse_args()
     with open(args.oracle / "summary.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r["case"].startswith("du_")]
+        every = list(csv.DictReader(f))
+    rows = [r for r in every if r["case"].startswith("du_")]
     records = []
     for r in rows:
         parts = [p.strip() for p in r["components"].split("+")]
-        rec: dict[str, object] = {"case": r["case"], "arch": r["arch"], "op": r["op"],
+        rec: dict[str, object] = {"study": "oracle", "case": r["case"], "arch": r["arch"],
+                                  "op": r["op"],
                                   "M,N,K": f"{r['M']},{r['N']},{r['K']}"}  # fmt: skip
         for mode, compat in (("comet", True), ("native", False)):
             try:
@@ -93,6 +145,17 @@ def main() -> None:
                   f"{mx('native_energy_ratio')} | {PAPER_UP_TO[op]}x |")  # fmt: skip
     med = statistics.median(float(x["comet_cycles_ratio"]) for x in records)  # type: ignore[arg-type]
     print(f"median unfused/fused cycles (comet mode): {med:.4f}")
+    shapes = {(r["arch"], f"{r['M']},{r['N']},{r['K']}") for r in every
+              if r["case"].startswith(("im_", "du_"))}  # fmt: skip
+    templ = templates(sorted(shapes))
+    print("| arch | M,N,K | op | fused cycles | unfused cycles (kernels) | cycles ratio | "
+          "energy ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for t in templ:
+        print(f"| {t['arch']} | {t['M,N,K']} | {t['op']} | {t['fused_cycles']:,} | "
+              f"{t['unfused_cycles']:,} ({t['kernels']}) | {t['cycles_ratio']:.3f} | "
+              f"{t['energy_ratio']:.3f} |")
+    records += templ
     path = write_results(
         args.out,
         benchmark="comet_fusion",
