@@ -244,7 +244,7 @@ def _checked(fields: Any, cls: type[T]) -> T | str:
     """The cached ``target`` fields as a ``cls``, or why they cannot be used."""
     from pydantic import ValidationError
 
-    from fusekit.hw.load import CPUSchema, GPUSchema
+    from fusekit.hw.schema import CPUSchema, GPUSchema
 
     if not isinstance(fields, dict) or not isinstance(fields.get("peak_flops_per_s"), dict):
         return "'target' or its 'peak_flops_per_s' is not a mapping"
@@ -270,7 +270,7 @@ def load_cached(path: Path, key: dict[str, Any], cls: type[T]) -> T | None:
     """The target cached at ``path`` if it was measured on the machine ``key`` describes.
 
     The cache is untrusted input: every field is checked against the hardware schema
-    (:class:`~fusekit.hw.load.CPUSchema` or ``GPUSchema`` with strict types, every figure a
+    (:class:`~fusekit.hw.schema.CPUSchema` or ``GPUSchema`` with strict types, every figure a
     finite number, sizes and rates > 0). A missing or foreign (other machine or version) cache
     gives ``None`` quietly; an unreadable, corrupt or implausible one gives ``None`` with one
     warning. Either way the caller measures again and overwrites it; nothing in it is used.

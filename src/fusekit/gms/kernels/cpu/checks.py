@@ -158,3 +158,21 @@ def range_checksum(values, starts, ends):  # type: ignore[no-untyped-def]
             first += values[i]
             second += first
     return first ^ (second * -7046029254386353131)  # 0x9E3779B97F4A7C15 as int64
+
+
+def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
+    """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
+    ptr = segment_ptr
+    if (
+        ptr.dim() != 1
+        or ptr.dtype.is_floating_point
+        or ptr.numel() == 0
+        or int(ptr[0]) != 0
+        or int(ptr[-1]) != n_rows
+        or bool((ptr.diff() < 0).any())
+    ):
+        raise ValueError(
+            expected(
+                "gms", "plan segment_ptr", f"non-decreasing from 0 to {n_rows}", ptr[:8].tolist()
+            )
+        )

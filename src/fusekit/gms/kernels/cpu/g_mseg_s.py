@@ -24,7 +24,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from fusekit.errors import expected
-from fusekit.gms.kernels.cpu.checks import check_operands
+from fusekit.gms.kernels.cpu.checks import check_operands, check_segment_ptr
 from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
 from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm, weight_layout
 
@@ -59,24 +59,6 @@ def check_matrices(rows: torch.Tensor, w: torch.Tensor) -> None:
     if rows.dim() != 2 or w.dim() != 3 or w.shape[1] != rows.shape[1] or w.device != rows.device:
         got = f"{tuple(rows.shape)} on {rows.device}, {tuple(w.shape)} on {w.device}"
         raise ValueError(expected("gms", "rows, w", "[E, K] and [S, K, M] on one device", got))
-
-
-def check_segment_ptr(segment_ptr: torch.Tensor, n_rows: int) -> None:
-    """Raise unless ``segment_ptr`` runs from 0 to ``n_rows`` without decreasing."""
-    ptr = segment_ptr
-    if (
-        ptr.dim() != 1
-        or ptr.dtype.is_floating_point
-        or ptr.numel() == 0
-        or int(ptr[0]) != 0
-        or int(ptr[-1]) != n_rows
-        or bool((ptr.diff() < 0).any())
-    ):
-        raise ValueError(
-            expected(
-                "gms", "plan segment_ptr", f"non-decreasing from 0 to {n_rows}", ptr[:8].tolist()
-            )
-        )
 
 
 def segment_mm(

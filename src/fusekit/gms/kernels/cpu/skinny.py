@@ -339,8 +339,7 @@ def segment_skinny_mm(
             do not match, or a listed segment is not one of ``w``'s with at most
             ``SKINNY_ROWS`` rows.
     """
-    from fusekit.gms.kernels.cpu.checks import check_rows_operand
-    from fusekit.gms.kernels.cpu.g_mseg_s import check_segment_ptr
+    from fusekit.gms.kernels.cpu.checks import check_rows_operand, check_segment_ptr
     from fusekit.gms.kernels.cpu.rows import check_out
 
     if not segments:
