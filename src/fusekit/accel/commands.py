@@ -43,37 +43,13 @@ def _breakdown_json(b: Any) -> dict[str, Any]:
     }
 
 
-def _pareto_plot(path: Path, pareto: Any, best: Any, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _pareto_plot(path: Path, result: Any, best: Any, title: str) -> None:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for fusion, marker in (("unfused", "o"), ("fused_gb", "s"), ("fused_cluster", "^")):
-        pts = [s for s in pareto if s.mapping.fusion.value == fusion]
-        ax.scatter(
-            [s.latency_cycles for s in pts], [s.energy_pj / 1e6 for s in pts], marker=marker,
-            label=fusion,
-        )  # fmt: skip
-    ax.scatter(
-        [best.latency_cycles],
-        [best.energy_pj / 1e6],
-        marker="*",
-        s=220,
-        facecolors="none",
-        edgecolors="red",
-        linewidths=1.5,
-        label="chosen",
-        zorder=3,
-    )
-    ax.annotate(best.mapping.label(), (best.latency_cycles, best.energy_pj / 1e6),
-                xytext=(6, 6), textcoords="offset points", fontsize=7, color="red")  # fmt: skip
-    ax.set_xlabel("latency (cycles)")
-    ax.set_ylabel("energy (uJ)")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    from fusekit.accel.plot import draw_pareto
+
+    bests = {f: per["latency"] for f, per in result.best_by_fusion.items()}
+    fig = draw_pareto(title, result.pareto, bests, best)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
@@ -158,7 +134,7 @@ def explore(
         ops = " -> ".join(
             f"{st.out}={'+'.join(o for o, _ in st.simd_ops) or st.kind}" for st in spec.stages
         )
-        _pareto_plot(plot, result.pareto, best, f"{spec.name} on {target.name}: {ops}")
+        _pareto_plot(plot, result, best, f"{spec.name} on {target.name}: {ops}")
     if json:
         print_json(
             {
