@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 import torch
@@ -27,27 +26,13 @@ from fusekit import __version__
 from fusekit.gms import GMSProblem
 from fusekit.gms.features import signature
 from fusekit.gms.search import checked, hardware_key, refit, tune
-from fusekit.hw import CPUTarget
 from fusekit.search import TuningCache, point_key
 from fusekit.search.cache import CACHE_FORMAT, CACHE_VERSION
 
+from ..gms.helpers_tuning import TARGET
+
 detect_module = importlib.import_module("fusekit.hw.detect")
 
-TARGET = CPUTarget(
-    name="probe-cpu",
-    description="a CPU for cache probes",
-    source="tests",
-    peak_flops_per_s=MappingProxyType({"fp32": 100e9}),
-    mem_bw_bytes_per_s=10e9,
-    mem_bytes=2**34,
-    launch_overhead_s=5e-6,
-    cores=2,
-    threads=2,
-    l1d_bytes=32768,
-    l2_bytes=2**19,
-    l3_bytes=2**25,
-    simd_width_bits=256,
-)
 HW = hardware_key(TARGET)
 #: two points of every CPU space of a 2-core target (legal for every reduce)
 FAST = {

@@ -132,6 +132,11 @@ def _log_scale(axis: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _keys(key: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One key, several, or none, as a tuple."""
+    return () if key is None else ((key,) if isinstance(key, str) else tuple(key))
+
+
 def bar_chart(
     title: str,
     records: Sequence[Record],
@@ -169,8 +174,7 @@ def bar_chart(
     Raises:
         ValueError: see :func:`collect`.
     """
-    ys = (y,) if isinstance(y, str) else tuple(y)
-    hues = () if hue is None else ((hue,) if isinstance(hue, str) else tuple(hue))
+    ys, hues = _keys(y), _keys(hue)
     categories, series, combined = collect("bar_chart", records, x, ys, hues, stat)
     labels = [str(c) for c in categories]
     present = [[s for s in series if c in series[s]] for c in categories]
@@ -248,13 +252,12 @@ def line_chart(
 ) -> Figure:
     """Lines of ``stat(y)`` against a numeric ``x``, one per series (see :func:`bar_chart`).
 
-    The abscissa is logarithmic when its values are positive and span a factor of 20 or more.
+    The abscissa is logarithmic when its values are positive and span a factor of 8 or more.
 
     Raises:
         ValueError: see :func:`collect`; or an ``x`` value is not a number.
     """
-    ys = (y,) if isinstance(y, str) else tuple(y)
-    hues = () if hue is None else ((hue,) if isinstance(hue, str) else tuple(hue))
+    ys, hues = _keys(y), _keys(hue)
     xs, series, combined = collect("line_chart", records, x, ys, hues, stat)
     if not all(_number(v) for v in xs):
         bad = next(v for v in xs if not _number(v))
