@@ -1,0 +1,109 @@
+"""Compare the speedups of two sets of benchmark results, record by record.
+
+A benchmark run writes ratios measured side by side in one process (fusekit over a peer, over
+ATen, over a floor); those ratios, not absolute times, are what a change must keep. Given the
+results folders of runs before and after a change (each holding ``<name>.json`` files of the same
+scripts), this prints, per file and ratio column, the after/before quotient of every record found
+in both, and exits 1 when one falls below ``1 - tolerance``::
+
+    python tools/compare_results.py --before before/ --after after/ [--tolerance 0.10] [--json F]
+
+Several folders per side (``--before a b --after c d``) give medians per record: runs on a shared
+machine are noisy, so repeating both sides in one sitting and comparing medians is the fair test.
+Records are matched by every field that is neither a measurement nor a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: Ratio columns: the larger the better (fusekit's speed over a reference).
+RATIOS = ("speedup", "speedup_over_pyg", "speedup_over_best_aten", "speedup_over_best_peer")
+#: Columns that are measurements (they differ run to run), never part of a record's key.
+MEASURED = frozenset(
+    {
+        "median_s", "q10_s", "q90_s", "flops_per_s", "bytes_per_s", "fraction_of_roofline",
+        "over_floor", "plan_s", "ceiling_speedup", "gemm_flops_per_s", "fraction_of_peak",
+        "spconv_wrong_rows", "choice", "selected", "bound", *RATIOS,
+    }
+)  # fmt: skip
+
+
+def record_key(record: Mapping[str, Any]) -> str:
+    """The identity of a record: its non-measured fields, in a canonical JSON string."""
+    return json.dumps({k: v for k, v in record.items() if k not in MEASURED}, sort_keys=True)
+
+
+def ratios(folders: Iterable[Path], name: str) -> dict[tuple[str, str], float]:
+    """Median per (record key, ratio column) of ``name`` over ``folders``."""
+    seen: dict[tuple[str, str], list[float]] = {}
+    for folder in folders:
+        path = folder / name
+        if not path.exists():
+            continue
+        for record in json.loads(path.read_text())["records"]:
+            for column in RATIOS:
+                value = record.get(column)
+                if isinstance(value, int | float) and value > 0:
+                    seen.setdefault((record_key(record), column), []).append(float(value))
+    return {key: statistics.median(values) for key, values in seen.items()}
+
+
+def compare(before: list[Path], after: list[Path], tolerance: float) -> list[dict[str, Any]]:
+    """One row per record and ratio present on both sides: before, after and their quotient."""
+    names = sorted({p.name for folder in before for p in folder.glob("*.json")})
+    rows = []
+    for name in names:
+        old, new = ratios(before, name), ratios(after, name)
+        for key in sorted(old.keys() & new.keys()):
+            quotient = new[key] / old[key]
+            rows.append(
+                {
+                    "file": name,
+                    "record": json.loads(key[0]),
+                    "ratio": key[1],
+                    "before": old[key],
+                    "after": new[key],
+                    "after_over_before": quotient,
+                    "ok": quotient >= 1 - tolerance,
+                }
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the comparison; exit 1 if some ratio dropped by more than the tolerance."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", nargs="+", type=Path, required=True)
+    parser.add_argument("--after", nargs="+", type=Path, required=True)
+    parser.add_argument("--tolerance", type=float, default=0.10)
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args(argv)
+    rows = compare(args.before, args.after, args.tolerance)
+    for row in rows:
+        label = " ".join(str(v) for k, v in row["record"].items() if k not in ("pairs", "segments"))
+        flag = "" if row["ok"] else "  <-- below tolerance"
+        print(
+            f"{row['file']:<22} {label[:70]:<70} {row['ratio']:<24} "
+            f"{row['before']:7.2f} -> {row['after']:7.2f}  x{row['after_over_before']:.2f}{flag}"
+        )
+    quotients = [row["after_over_before"] for row in rows]
+    if quotients:
+        print(
+            f"{len(rows)} ratios; after/before median x{statistics.median(quotients):.3f}, "
+            f"geometric mean x{statistics.geometric_mean(quotients):.3f}, "
+            f"{sum(not row['ok'] for row in rows)} below {1 - args.tolerance:.2f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
