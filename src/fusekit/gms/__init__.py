@@ -7,29 +7,30 @@ r"""gms: the gather-matmul-scatter engine behind RGCN, sparse convolution and Mi
 
 Pipeline: :class:`GMSProblem` (validated indices) → :func:`plan` (sorted, tiled, reused across
 calls) → :func:`enumerate_candidates` (orders x dataflows) → :func:`gms` (runs one, with autograd,
-as ``torch.ops.fusekit.gms``). Importing this package imports neither torch nor numba.
+as ``torch.ops.fusekit.gms``).
+
+Importing this package imports neither torch nor numba; the names below load on first use.
 """
 
-from fusekit.gms.api import gms as gms
-from fusekit.gms.candidates import NAMED_STRATEGIES as NAMED_STRATEGIES
-from fusekit.gms.candidates import Dataflow as Dataflow
-from fusekit.gms.candidates import Order as Order
-from fusekit.gms.candidates import Strategy as Strategy
-from fusekit.gms.candidates import enumerate_candidates as enumerate_candidates
-from fusekit.gms.problem import GMSPlan as GMSPlan
-from fusekit.gms.problem import GMSProblem as GMSProblem
-from fusekit.gms.problem import plan as plan
-from fusekit.gms.problem import release_buffers as release_buffers
+from __future__ import annotations
 
-__all__ = [
-    "NAMED_STRATEGIES",
-    "Dataflow",
-    "GMSPlan",
-    "GMSProblem",
-    "Order",
-    "Strategy",
-    "enumerate_candidates",
-    "gms",
-    "plan",
-    "release_buffers",
-]
+from fusekit.lazy import lazy_getattr
+
+#: Public name -> the module of this package that defines it.
+_WHERE = {
+    "NAMED_STRATEGIES": "candidates",
+    "Dataflow": "candidates",
+    "GMSPlan": "problem",
+    "GMSProblem": "problem",
+    "Order": "candidates",
+    "Strategy": "candidates",
+    "enumerate_candidates": "candidates",
+    "gms": "api",
+    "plan": "problem",
+    "release_buffers": "problem",
+}
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__ = lazy_getattr(__name__, _WHERE)
