@@ -26,6 +26,10 @@ _WHERE = {
     "Strategy": "candidates",
     "enumerate_candidates": "candidates",
     "gms": "api",
+    "gather_rows": "segments",
+    "reduce_rows": "segments",
+    "segment_mm": "segments",
+    "segment_outer_mm": "segments",
     "plan": "problem",
     "release_buffers": "problem",
 }
