@@ -32,6 +32,9 @@ _WHERE = {
     "segment_outer_mm": "segments",
     "plan": "problem",
     "release_buffers": "problem",
+    "Constraints": "selector",
+    "select": "selector",
+    "target_for": "target",
 }
 
 __all__ = sorted(_WHERE)

@@ -15,7 +15,9 @@ Two selectors, compared in ``benchmarks/gms_select.py`` (the more accurate one i
 :func:`select` answers, in this order: the tuning cache's measured best for exactly this problem,
 the measured best of the nearest tuned problem of the same dtype and reduce (within
 :data:`NEAREST_DISTANCE`), the tree (CPU targets, when one is trained for the problem's dtype),
-the model.
+the model. Every answer is the best one the caller's :class:`Constraints` allow (orders,
+dataflows, training): the first legal candidate of the tree's leaf, the model's argmin over the
+legal configurations, the fastest legal measured point; callers never edit the answer.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fusekit.errors import expected, require
 from fusekit.gms import model
-from fusekit.gms.candidates import Config, Order, Strategy, config_of
+from fusekit.gms.candidates import Config, Dataflow, Order, Strategy, config_of
 from fusekit.gms.features import VECTOR_NAMES, Features
+from fusekit.gms.search import MODEL_NAME, checked, hardware_key, space_configs, space_keys
+from fusekit.hw import CPUTarget, GPUTarget
 from fusekit.search.space import Point, point_key
 
 if TYPE_CHECKING:
-    from fusekit.hw import CPUTarget, GPUTarget
     from fusekit.search.cache import Entry, TuningCache
 
 #: The shipped tree, trained by ``benchmarks/gms_select.py --train`` on this project's CPU.
@@ -44,6 +49,51 @@ TREE_FORMAT = "fusekit-gms-selector-tree"
 #: How far (Euclidean, in the log2 units of ``Features.vector``) a tuned problem may be from a
 #: new one for its measured best to answer it: about one doubling of one size or ratio.
 NEAREST_DISTANCE = 1.0
+
+#: The strategy that runs under autograd, per target kind: the selector models the forward only,
+#: so training runs the strategy whose backward is known to be fast there (CPU: (GMS)seg, whose
+#: dX is (GMS)seg on the transposed plan with no [E, K] pair buffer; GPU: G-Mseg-S, the vendor
+#: GEMM on the segments, as the Triton backward has not been timed on a GPU).
+TRAINING: Mapping[str, Strategy] = {
+    "cpu": Strategy(Order.PAIRWISE, Dataflow.GMS_SEG),
+    "gpu": Strategy(Order.PAIRWISE, Dataflow.G_MSEG_S),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """What a caller allows the selector to answer (every answer is legal for it).
+
+    The reduce's own rule (aggregating before the GEMM needs a linear reduce, see
+    :meth:`~fusekit.gms.candidates.Order.allows`) always applies, from the features' reduce.
+
+    Attributes:
+        orders: the orders the caller may run (a kernel map: :attr:`Order.PAIRWISE` only).
+        dataflows: the dataflows it may run.
+        training: the backward runs too: only the target kind's :data:`TRAINING` strategy.
+    """
+
+    orders: frozenset[Order] = frozenset(Order)
+    dataflows: frozenset[Dataflow] = frozenset(Dataflow)
+    training: bool = False
+
+    def allows(self, strategy: Strategy, reduce: str, kind: str) -> bool:
+        """Whether ``strategy`` is legal for a problem of ``reduce`` on a target of ``kind``."""
+        if self.training and strategy != TRAINING[kind]:
+            return False
+        return (
+            strategy.order in self.orders
+            and strategy.dataflow in self.dataflows
+            and strategy.order.allows(reduce)
+        )
+
+    def allows_point(self, point: Mapping[str, Any], reduce: str, kind: str) -> bool:
+        """:meth:`allows` for a space point."""
+        return self.allows(Strategy.parse(point["strategy"]), reduce, kind)
+
+
+#: No constraint beyond the reduce's own rule.
+ANY = Constraints()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +112,6 @@ class Choice:
     point: Point
     source: str
     predicted_s: float
-
-
-def _legal(point: Mapping[str, Any], reduce: str) -> bool:
-    return Strategy.parse(point["strategy"]).order.allows(reduce)
 
 
 def _for_target(point: Mapping[str, Any], cores_trained: int, cores: int) -> Point:
@@ -103,7 +149,9 @@ class TreeSelector:
     dtype: str
     cores: int
     trained_on: int
-    _memo: dict[tuple[int, str], int] = field(default_factory=dict, compare=False, repr=False)
+    _memo: dict[tuple[int, str, Constraints], int | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def leaf(self, vector: Sequence[float]) -> int:
         """The leaf a feature vector falls into."""
@@ -113,14 +161,22 @@ class TreeSelector:
             node = self.left[node] if go_left else self.right[node]
         return node
 
-    def choose(self, f: Features) -> Point:
-        """The leaf's candidate with the least mean slowdown that is legal for ``f.reduce``."""
+    def choose(self, f: Features, constraints: Constraints = ANY) -> Point | None:
+        """The leaf's candidate with the least mean slowdown that is legal.
+
+        Legal: allowed by ``constraints`` for ``f.reduce`` on a CPU (the tree's candidates are
+        CPU points). None when no candidate of the leaf is.
+        """
         node = self.leaf(f.vector())
-        key = (node, f.reduce)
+        key = (node, f.reduce, constraints)
         if key not in self._memo:
             ranked = sorted(range(len(self.candidates)), key=lambda i: self.value[node][i])
-            self._memo[key] = next(i for i in ranked if _legal(self.candidates[i], f.reduce))
-        return dict(self.candidates[self._memo[key]])
+            legal = (
+                i for i in ranked if constraints.allows_point(self.candidates[i], f.reduce, "cpu")
+            )
+            self._memo[key] = next(legal, None)
+        i = self._memo[key]
+        return dict(self.candidates[i]) if i is not None else None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data (the file format of :func:`load_tree`)."""
@@ -190,8 +246,6 @@ def train_tree(
         ValueError: no problems, or problems of several dtypes.
         MissingExtra: scikit-learn is not installed (the ``train`` extra).
     """
-    import numpy as np
-
     DecisionTreeRegressor = require("sklearn.tree", "train_tree", "train").DecisionTreeRegressor
 
     if not problems:
@@ -204,7 +258,7 @@ def train_tree(
         # the near-best points, and the near-best of those that a max reduce may run
         for allowed in (
             measured,
-            {k: v for k, v in measured.items() if _legal(json.loads(k), "max")},
+            {k: v for k, v in measured.items() if ANY.allows_point(json.loads(k), "max", "cpu")},
         ):
             if allowed:
                 best = min(allowed.values())
@@ -247,13 +301,31 @@ def load_tree(path: Path | str | None = None) -> TreeSelector | None:
 
 
 def select_by_model(
-    f: Features, target: CPUTarget | GPUTarget, coef: Mapping[str, float] | None = None
+    f: Features,
+    target: CPUTarget | GPUTarget,
+    coef: Mapping[str, float] | None = None,
+    constraints: Constraints = ANY,
 ) -> Choice:
-    """The performance model's best point of the whole space (any target, no training)."""
-    from fusekit.gms.search import space_configs
+    """The performance model's best legal point of the whole space (any target, no training).
 
+    Raises:
+        ValueError: ``constraints`` allow no point of the space.
+    """
     points, configs = space_configs(f, target)
-    predicted = model.predict(f, configs, target, coef)
+    legal = [
+        i
+        for i, cfg in enumerate(configs)
+        if constraints.allows(cfg.strategy, f.reduce, target.kind)
+    ]
+    if not legal:
+        raise ValueError(
+            expected("select", "constraints", "some legal configuration", repr(constraints))
+        )
+    if len(legal) == len(configs):
+        predicted = model.predict(f, configs, target, coef)
+    else:
+        predicted = np.full(len(configs), np.inf)
+        predicted[legal] = model.predict(f, [configs[i] for i in legal], target, coef)
     i = int(predicted.argmin())
     return Choice(configs[i], points[i], "model", float(predicted[i]))
 
@@ -264,6 +336,7 @@ _TREE: list[TreeSelector | None] = []
 def select(
     f: Features,
     target: CPUTarget | GPUTarget,
+    constraints: Constraints = ANY,
     *,
     key: str | None = None,
     cache: TuningCache | None = None,
@@ -271,11 +344,12 @@ def select(
     coef: Mapping[str, float] | None = None,
     method: str = "auto",
 ) -> Choice:
-    """Choose a configuration without measuring.
+    """Choose a configuration without measuring: the best one ``constraints`` allow.
 
     Args:
         f: the problem's features.
-        target: where it runs.
+        target: where it runs (:func:`fusekit.gms.target.target_for` of the device).
+        constraints: what the caller may run (orders, dataflows, training).
         key: the problem's signature; with ``cache``, a tuned problem gets its measured best.
         cache: the tuning cache (exact and nearest answers, fitted coefficients).
         tree: a trained tree; the shipped one when None.
@@ -286,11 +360,9 @@ def select(
         The :class:`Choice`.
 
     Raises:
-        ValueError: unknown ``method``, or ``"tree"`` with no tree for this problem.
+        ValueError: unknown ``method``; ``"tree"`` with no tree for this problem or no legal
+            candidate in its leaf; constraints that allow no configuration.
     """
-    from fusekit.gms.search import MODEL_NAME, checked, hardware_key
-    from fusekit.hw import CPUTarget
-
     if method not in ("auto", "tree", "model"):
         raise ValueError(expected("select", "method", "auto, tree or model", repr(method)))
     cache = checked(cache) if cache is not None else None
@@ -299,11 +371,11 @@ def select(
         coef = cache.model(hw, MODEL_NAME)
     if method == "auto" and cache is not None:
         entry = cache.lookup(hw, key) if key is not None else None
-        point = _measured_best(entry, f, target) if entry is not None else None
+        point = _measured_best(entry, f, target, constraints) if entry is not None else None
         if point is not None:
             return _choice(point, "cache", f, target, coef)
         near = cache.nearest(hw, f.group, f.vector(), max_distance=NEAREST_DISTANCE)
-        point = _measured_best(near[0], f, target) if near is not None else None
+        point = _measured_best(near[0], f, target, constraints) if near is not None else None
         if point is not None:
             return _choice(point, "nearest", f, target, coef)
     if method != "model" and isinstance(target, CPUTarget):
@@ -311,24 +383,26 @@ def select(
             if not _TREE:
                 _TREE.append(load_tree())
             tree = _TREE[0]
-        if tree is not None and tree.dtype == f.dtype:
-            point = _for_target(tree.choose(f), tree.cores, target.cores)
-            return _choice(point, "tree", f, target, coef)
+        point = tree.choose(f, constraints) if tree is not None and tree.dtype == f.dtype else None
+        if tree is not None and point is not None:
+            return _choice(_for_target(point, tree.cores, target.cores), "tree", f, target, coef)
     if method == "tree":
         raise ValueError(expected("select", "tree", f"a tree for {f.dtype} on a CPU", "none"))
-    return select_by_model(f, target, coef)
+    return select_by_model(f, target, coef, constraints)
 
 
-def _measured_best(entry: Entry, f: Features, target: CPUTarget | GPUTarget) -> Point | None:
-    """The fastest measured point of ``entry`` that is a point of ``f``'s space, if any."""
-    from fusekit.gms.search import space_keys
-
+def _measured_best(
+    entry: Entry, f: Features, target: CPUTarget | GPUTarget, constraints: Constraints
+) -> Point | None:
+    """The fastest measured point of ``entry`` that is a legal point of ``f``'s space, if any."""
     legal = space_keys(f, target)
     times = {k: t for k, t in entry.points.items() if k in legal}
-    if not times:
-        return None
-    best: Point = json.loads(min(times, key=lambda k: times[k]))
-    return best
+    ranked = sorted(times, key=lambda k: times[k])
+    for k in ranked:
+        point: Point = json.loads(k)
+        if constraints.allows_point(point, f.reduce, target.kind):
+            return point
+    return None
 
 
 def _choice(
