@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fusekit.ir import capture
-from fusekit.ir.op import Access, IBin, IConst, IVar
+from fusekit.ir.expr import Access, IBin, IConst, IVar
 from fusekit.stitch.alone import AtenContraction, fit_strides
 from fusekit.stitch.runner import reference_group
 

@@ -30,9 +30,10 @@ from functools import reduce as fold
 from typing import TYPE_CHECKING, Any, Literal
 
 from fusekit.errors import FusekitError, expected
+from fusekit.ir.expr import Access, DTypeRef, Opaque, OpaqueArg, TensorRef
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
-from fusekit.ir.op import Access, DTypeRef, Op, Opaque, OpaqueArg, TensorRef
+from fusekit.ir.op import Op
 from fusekit.ir.tensor import Format
 
 if TYPE_CHECKING:

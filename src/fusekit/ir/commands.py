@@ -9,10 +9,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from fusekit.ir.graph import Graph
+from fusekit.ir.dot import to_dot
+from fusekit.ir.graph import Graph, format_graph
+from fusekit.ir.op import format_op
+from fusekit.ir.patterns import find_gms_chains
+from fusekit.ir.printer import format_tensor
 from fusekit.ir.tensor import Tensor
-from fusekit.ir.text import format_op, format_tensor
 
 app = typer.Typer(
     help="The shared IR: capture PyTorch models into index-notation graphs and show them.",
@@ -64,11 +70,7 @@ def graph_record(graph: Graph) -> dict[str, Any]:
 @app.command("list")
 def list_models(json_out: JsonFlag = False) -> None:
     """List the built-in example models."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    from fusekit.ir.examples import EXAMPLES
+    from fusekit.ir.examples import EXAMPLES  # imports torch: not at CLI start-up
 
     examples = [factory(0) for factory in EXAMPLES.values()]
     if json_out:
@@ -100,15 +102,8 @@ def show(
     json_out: JsonFlag = False,
 ) -> None:
     """Capture MODEL and print its graph: one row per op, in index notation."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    from fusekit.ir.capture import capture
-    from fusekit.ir.dot import to_dot
+    from fusekit.ir.capture import capture  # capture and the examples import torch
     from fusekit.ir.examples import load_model
-    from fusekit.ir.patterns import find_gms_chains
-    from fusekit.ir.text import format_graph
 
     example = load_model(model)
     captured = capture(example.module, example.args, name=example.name)

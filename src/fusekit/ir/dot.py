@@ -7,7 +7,7 @@ form.
 from __future__ import annotations
 
 from fusekit.ir.graph import Graph
-from fusekit.ir.text import format_op
+from fusekit.ir.op import format_op
 
 _COLORS = {
     "contraction": "#f4a261",

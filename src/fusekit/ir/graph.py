@@ -16,7 +16,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from fusekit.errors import expected
-from fusekit.ir.op import Op, OpKind
+from fusekit.ir.op import Op, OpKind, format_op
+from fusekit.ir.printer import format_tensor
 from fusekit.ir.tensor import Tensor
 
 
@@ -241,9 +242,18 @@ class Graph:
         return names
 
     def __str__(self) -> str:
-        from fusekit.ir.text import format_graph
-
         return format_graph(self)
+
+
+def format_graph(graph: Graph) -> str:
+    """Print a graph as declarations and op lines that :func:`fusekit.ir.text.parse_graph` reads."""
+    lines = [f"graph {graph.name}"]
+    lines += [f"input {format_tensor(graph.tensor(n))}" for n in graph.inputs]
+    lines += [f"param {format_tensor(graph.tensor(n))}" for n in graph.params]
+    for op in graph.ops:
+        lines += [f"tensor {format_tensor(graph.tensor(op.name))}", format_op(op)]
+    lines.append("output " + ", ".join(graph.outputs))
+    return "\n".join(lines) + "\n"
 
 
 def _topological(ops: tuple[Op, ...], written: dict[str, Op], where: str) -> tuple[Op, ...]:

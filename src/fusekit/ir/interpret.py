@@ -26,8 +26,7 @@ from functools import reduce as fold
 from typing import TYPE_CHECKING, Any
 
 from fusekit.errors import expected
-from fusekit.ir.graph import Graph
-from fusekit.ir.op import (
+from fusekit.ir.expr import (
     Access,
     Bin,
     Call,
@@ -37,7 +36,6 @@ from fusekit.ir.op import (
     IConst,
     IndexTerm,
     IVar,
-    Op,
     Opaque,
     OpaqueArg,
     Reduce,
@@ -45,6 +43,8 @@ from fusekit.ir.op import (
     TensorRef,
     product_factors,
 )
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Op
 
 if TYPE_CHECKING:
     import torch

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusekit.ir.expr import Access, Opaque, term_accesses, walk
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Access, Op, Opaque, OpKind, term_accesses, walk
+from fusekit.ir.op import Op, OpKind
 from fusekit.ir.tensor import Dim
 
 

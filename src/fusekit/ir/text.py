@@ -1,4 +1,4 @@
-"""The compact text form of ops and graphs, parsed and printed round-trip.
+"""The compact text form of ops and graphs, and its parser.
 
 An op is one line (see :mod:`fusekit.ir.op` for the semantics)::
 
@@ -19,6 +19,9 @@ written bare (``Y``) in values and ``n[]`` inside an index. A graph is declarati
     tensor y: float32[B,32]
     y[i,j] = sum_k x[i,k] * w[k,j]
     output y
+
+The printers, :func:`fusekit.ir.op.format_op` and :func:`fusekit.ir.graph.format_graph` (on
+:mod:`fusekit.ir.printer`), write what :func:`parse_op` and :func:`parse_graph` read back equal.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from fusekit.errors import FusekitError
-from fusekit.ir.op import (
+from fusekit.ir.expr import (
     FUNCTIONS,
     Access,
     Bin,
@@ -42,17 +45,15 @@ from fusekit.ir.op import (
     IConst,
     IndexTerm,
     IVar,
-    Op,
     Opaque,
     OpaqueArg,
     Reduce,
     ReduceOp,
     TensorRef,
 )
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Op
 from fusekit.ir.tensor import Dim, Format, Level, Tensor, TensorStats
-
-if TYPE_CHECKING:
-    from fusekit.ir.graph import Graph
 
 _T = TypeVar("_T")
 
@@ -371,115 +372,7 @@ def parse_expr(text: str) -> Expr:
     return expr
 
 
-# -- printing ----------------------------------------------------------------------------------
-_ADD, _MUL, _UNARY, _ATOM = 1, 2, 3, 4
-
-
-def _fmt_number(value: int | float) -> str:
-    return str(value) if isinstance(value, int) else repr(value)
-
-
-def _fmt_term(term: IndexTerm) -> tuple[str, int]:
-    if isinstance(term, IVar):
-        return term.name, _ATOM
-    if isinstance(term, IConst):
-        return str(term.value), _ATOM if term.value >= 0 else _UNARY
-    if isinstance(term, Access):
-        return f"{term.tensor}[{','.join(format_term(t) for t in term.indices)}]", _ATOM
-    level = _ADD if term.op in "+-" else _MUL
-    left, ll = _fmt_term(term.left)
-    right, rl = _fmt_term(term.right)
-    left = left if ll >= level else f"({left})"
-    right = right if rl > level else f"({right})"
-    return f"{left} {term.op} {right}" if level == _ADD else f"{left}{term.op}{right}", level
-
-
-def format_term(term: IndexTerm) -> str:
-    """Print an index term (``i*16 + j``, ``g[e]``)."""
-    return _fmt_term(term)[0]
-
-
-def _access(acc: Access) -> str:
-    if not acc.indices:
-        return acc.tensor
-    return f"{acc.tensor}[{','.join(format_term(t) for t in acc.indices)}]"
-
-
-def _wrap(expr: Expr, ctx: str) -> str:
-    text, level = _fmt_expr(expr)
-    if isinstance(expr, Reduce):
-        return f"({text})" if ctx in ("mul_l", "mul_r", "neg") else text
-    need = {"add_l": _ADD, "add_r": _MUL, "mul_l": _MUL, "mul_r": _UNARY, "neg": _UNARY}
-    if ctx == "neg" and isinstance(expr, Const) and level == _ATOM:
-        return f"({text})"
-    return text if level >= need.get(ctx, 0) else f"({text})"
-
-
-def _fmt_expr(expr: Expr) -> tuple[str, int]:
-    if isinstance(expr, Access):
-        return _access(expr), _ATOM
-    if isinstance(expr, Const):
-        text = _fmt_number(expr.value)
-        return text, _UNARY if text.startswith("-") else _ATOM
-    if isinstance(expr, Call):
-        if expr.fn == "neg":
-            return "-" + _wrap(expr.args[0], "neg"), _UNARY
-        return f"{expr.fn}({', '.join(_wrap(a, 'arg') for a in expr.args)})", _ATOM
-    if isinstance(expr, Bin):
-        side = "add" if expr.op in "+-" else "mul"
-        left, right = _wrap(expr.left, side + "_l"), _wrap(expr.right, side + "_r")
-        return f"{left} {expr.op} {right}", _ADD if side == "add" else _MUL
-    if isinstance(expr, Reduce):
-        names = expr.vars[0] if len(expr.vars) == 1 else "{" + ",".join(expr.vars) + "}"
-        body, level = _fmt_expr(expr.body)
-        if level < _MUL and not isinstance(expr.body, Reduce):
-            body = f"({body})"
-        return f"{expr.op.value}_{names} {body}", 0
-    args = [_fmt_literal(a) for a in expr.args]
-    args += [f"{k}={_fmt_literal(v)}" for k, v in expr.kwargs]
-    tail = "" if expr.output is None else f"[{expr.output}]"
-    return f"opaque {expr.target}({', '.join(args)}){tail}", 0
-
-
-def _fmt_literal(arg: OpaqueArg) -> str:
-    if isinstance(arg, TensorRef):
-        return arg.name
-    if isinstance(arg, DTypeRef):
-        return f"torch.{arg.name}"
-    if isinstance(arg, tuple):
-        return "[" + ", ".join(_fmt_literal(a) for a in arg) + "]"
-    if isinstance(arg, bool) or arg is None:
-        return str(arg)
-    if isinstance(arg, str):
-        return repr(arg)
-    return _fmt_number(arg)
-
-
-def format_expr(expr: Expr) -> str:
-    """Print a right-hand side."""
-    return _fmt_expr(expr)[0]
-
-
-def format_op(op: Op) -> str:
-    """Print an op in the text form that :func:`parse_op` reads back to an equal op."""
-    return f"{_access(op.out)} {'+=' if op.accumulate else '='} {format_expr(op.expr)}"
-
-
 # -- tensors and graphs ------------------------------------------------------------------------
-def format_tensor(tensor: Tensor) -> str:
-    """Print a declaration body: ``x: float32[2,16] {dense,compressed} nnz=7``."""
-    text = f"{tensor.name}: {tensor.dtype}[{','.join(str(d) for d in tensor.shape)}]"
-    if not tensor.format.is_dense or tensor.format.order is not None:
-        text += " {" + ",".join(level.value for level in tensor.format.levels) + "}"
-        if tensor.format.order is not None:
-            text += "(" + ",".join(str(o) for o in tensor.format.order) + ")"
-    if tensor.stats is not None and tensor.stats.nnz is not None:
-        text += f" nnz={tensor.stats.nnz}"
-    if tensor.stats is not None and tensor.stats.segment_sizes is not None:
-        text += " segments=[" + ",".join(str(s) for s in tensor.stats.segment_sizes) + "]"
-    return text
-
-
 def _level(p: _Parser) -> Level:
     tok = p.name("a level format")
     if tok.text not in {level.value for level in Level}:
@@ -536,17 +429,6 @@ def _parse_tensor(p: _Parser) -> Tensor:
     return tensor
 
 
-def format_graph(graph: Graph) -> str:
-    """Print a graph as declarations and op lines, readable by :func:`parse_graph`."""
-    lines = [f"graph {graph.name}"]
-    lines += [f"input {format_tensor(graph.tensor(n))}" for n in graph.inputs]
-    lines += [f"param {format_tensor(graph.tensor(n))}" for n in graph.params]
-    for op in graph.ops:
-        lines += [f"tensor {format_tensor(graph.tensor(op.name))}", format_op(op)]
-    lines.append("output " + ", ".join(graph.outputs))
-    return "\n".join(lines) + "\n"
-
-
 def parse_graph(text: str) -> Graph:
     """Parse the graph text form (see the module docstring).
 
@@ -554,8 +436,6 @@ def parse_graph(text: str) -> Graph:
         ParseError: naming the problem, its line and column.
         ValueError: if the parsed graph is inconsistent (see :class:`~fusekit.ir.graph.Graph`).
     """
-    from fusekit.ir.graph import Graph
-
     name = "graph"
     tensors: list[Tensor] = []
     roles: dict[str, list[str]] = {"input": [], "param": [], "output": []}

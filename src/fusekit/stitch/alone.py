@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from fusekit.ir.expr import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.stitch.schemes import Layout
 
 if TYPE_CHECKING:

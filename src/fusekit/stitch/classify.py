@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from fusekit.ir.expr import Access, Call, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Access, Call, IVar, Op, OpKind, Reduce, walk
+from fusekit.ir.op import Op, OpKind
 
 #: Functions whose cost makes the op worth keeping in registers (not recomputing).
 EXPENSIVE = frozenset({"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "gelu", "gelu_tanh",

@@ -24,8 +24,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.ir.expr import Bin, Call, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Bin, Call, Reduce, walk
 from fusekit.stitch.classify import EXPENSIVE
 from fusekit.stitch.schemes import Layout, Role
 

@@ -28,8 +28,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fusekit.ir.graph import Graph
-from fusekit.ir.op import (
+from fusekit.ir.expr import (
     Access,
     Bin,
     Call,
@@ -39,12 +38,12 @@ from fusekit.ir.op import (
     IConst,
     IndexTerm,
     IVar,
-    Op,
-    OpKind,
     Reduce,
     term_accesses,
     walk,
 )
+from fusekit.ir.graph import Graph
+from fusekit.ir.op import Op, OpKind
 
 
 class Unfusable(ValueError):

@@ -20,16 +20,8 @@ from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import Any
 
-from fusekit.ir.op import (
-    Access,
-    Const,
-    Expr,
-    IBin,
-    IConst,
-    IndexTerm,
-    IVar,
-    Op,
-)
+from fusekit.ir.expr import Access, Const, Expr, IBin, IConst, IndexTerm, IVar
+from fusekit.ir.op import Op
 from fusekit.ir.tensor import RESERVED_NAMES, Format, Tensor, TensorStats
 
 POOL = "ijklmnopqrstuvwxyzabcdefgh"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fusekit.ir.expr import Bin, Call, Const, Expr, ValueOp
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -17,7 +18,6 @@ from fusekit.ir.lowering.base import (
     rule,
     variables,
 )
-from fusekit.ir.op import Bin, Call, Const, Expr, ValueOp
 
 
 # -- elementwise -------------------------------------------------------------------------------

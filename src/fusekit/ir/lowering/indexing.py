@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fusekit.ir.expr import Access, Bin, Const, Expr, IndexTerm, IVar
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -31,7 +32,6 @@ from fusekit.ir.lowering.base import (
     rule,
     variables,
 )
-from fusekit.ir.op import Access, Bin, Const, Expr, IndexTerm, IVar
 
 
 def _onto(b: Builder, o: Out, x: V, terms: Sequence[IndexTerm], src: Expr) -> V:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fusekit.ir.expr import IBin, IConst, IndexTerm, IVar
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -27,7 +28,6 @@ from fusekit.ir.lowering.base import (
     rule,
     variables,
 )
-from fusekit.ir.op import IBin, IConst, IndexTerm, IVar
 
 
 @rule(

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.ir.lowering.base import Builder, Out, Unsupported, V, access, bcast, rule, variables
 from fusekit.ir.lowering.reduce import softmax
-from fusekit.ir.op import Access, Bin, Call, Const, Expr, IndexTerm, IVar, Reduce, ReduceOp
 
 
 def _batch_terms(

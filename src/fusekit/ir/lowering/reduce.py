@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IVar, Reduce, ReduceOp
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -29,7 +30,6 @@ from fusekit.ir.lowering.base import (
     rule,
     variables,
 )
-from fusekit.ir.op import Access, Bin, Call, Const, Expr, IVar, Reduce, ReduceOp
 
 
 def split_vars(rank: int, dims: Sequence[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:

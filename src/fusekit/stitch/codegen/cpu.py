@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fusekit.errors import expected
+from fusekit.ir.expr import Call, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Call, Reduce, walk
 from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
     Dialect,
@@ -413,7 +413,7 @@ class _Emitter:
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
-    from fusekit.ir.op import Access
+    from fusekit.ir.expr import Access
 
     return [n.tensor for n in walk(lay.exprs[op]) if isinstance(n, Access)]
 

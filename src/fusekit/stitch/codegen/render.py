@@ -22,8 +22,8 @@ from pathlib import Path
 from types import ModuleType
 
 from fusekit import paths
+from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
 from fusekit.stitch.schemes import Layout, Role, Stage
 
 FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})

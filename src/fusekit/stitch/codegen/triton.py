@@ -32,8 +32,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.ir.op import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.stitch.codegen.render import Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
 from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable
