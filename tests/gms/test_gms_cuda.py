@@ -11,7 +11,8 @@ not float64, so gradients are compared in float32 against float64 reference auto
 import pytest
 import torch
 
-from fusekit.gms import NAMED_STRATEGIES, GMSProblem, dispatch, gms, plan
+from fusekit.gms import NAMED_STRATEGIES, Dataflow, GMSProblem, gms, plan
+from fusekit.gms.backends import backend_for
 from fusekit.gms.kernels.reference import gms_reference
 
 pytestmark = pytest.mark.gpu
@@ -62,15 +63,11 @@ def reference(indices, x, w, c, reduce):
 @pytest.mark.parametrize("module", ["gms_seg", "gm_seg_s", "g_ms_seg", "g_mseg_s"])
 def test_cuda_runs_the_triton_kernels(module):
     dev = torch.device(DEVICE)
-    assert dispatch.kernel(dev, module, module).__name__ == f"{module}_triton"
-    for mod, stem in [
-        ("rows", "gather_rows"),
-        ("rows", "reduce_rows"),
-        ("gm_seg_s", "segment_products"),
-        ("backward", "segment_outer"),
-        ("backward", "pair_dot"),
-    ]:
-        assert dispatch.kernel(dev, mod, stem).__name__ == f"{stem}_triton"
+    table = backend_for(dev)
+    dataflow = next(d for d in Dataflow if d.module == module)
+    assert table.dataflows[dataflow].__name__ == f"{module}_triton"
+    for stem in ["gather_rows", "reduce_rows", "segment_products", "segment_outer", "pair_dot"]:
+        assert getattr(table, stem).__name__ == f"{stem}_triton"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from fusekit.gms import GMSProblem, Strategy, plan
-from fusekit.gms.dispatch import forward, gemm_rows, kernel, position_scale, resolve
+from fusekit.gms import Dataflow, GMSProblem, Strategy, plan
+from fusekit.gms.backends import backend_for
+from fusekit.gms.dispatch import forward, gemm_rows, position_scale, resolve
 from fusekit.gms.kernels.cpu.gms_seg import gms_seg_cpu
 
 
@@ -14,14 +15,14 @@ def small_plan(reduce="sum"):
 
 
 def test_kernels_are_found_by_name():
-    assert kernel(torch.device("cpu"), "gms_seg", "gms_seg") is gms_seg_cpu
+    assert backend_for(torch.device("cpu")).dataflows[Dataflow.GMS_SEG] is gms_seg_cpu
 
 
 def test_a_device_without_kernels_is_named():
     with pytest.raises(
         ValueError, match=r"'x' to be on a device with a gms_seg kernel .* \(got meta\)"
     ):
-        kernel(torch.device("meta"), "gms_seg", "gms_seg")
+        backend_for(torch.device("meta"), "gms_seg")
 
 
 def test_gemm_rows_count_the_distinct_pairs():

@@ -399,11 +399,11 @@ sys.path.insert(0, {tests!r})
 import torch
 from hypothesis import given, settings, HealthCheck
 import test_gms as t
-from fusekit.gms import dispatch
+from fusekit.gms import backends
 from fusekit.gms.kernels.triton.gms_seg import INTERPRETED
 
 assert INTERPRETED
-dispatch._BACKENDS["cpu"] = "triton"
+backends.BY_DEVICE_TYPE["cpu"] = backends.triton_backend
 NAMES = ("(GMS)seg", "G-(MS)seg", "(GM)seg-S", "transform-first/(GMS)seg")
 
 

@@ -35,6 +35,8 @@ _WHERE = {
     "Constraints": "selector",
     "select": "selector",
     "target_for": "target",
+    "Backend": "backends",
+    "backend_for": "backends",
 }
 
 __all__ = sorted(_WHERE)

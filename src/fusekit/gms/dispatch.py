@@ -1,17 +1,11 @@
 """One interface for every strategy: run a :class:`~fusekit.gms.candidates.Strategy` on a plan.
 
-Kernels are found by name, so a backend adds a dataflow by adding a file and callers never
-change::
-
-    kernels/<backend>/<dataflow module>.py   defines  <dataflow module>_<backend>(x, w, plan, scale)
-    kernels/<backend>/rows.py                defines  gather_rows_<backend>, reduce_rows_<backend>
-    kernels/<backend>/gm_seg_s.py            defines  segment_products_<backend>   (gradients)
-    kernels/<backend>/backward.py            defines  segment_outer_<backend>, pair_dot_<backend>
-
-with ``<backend>`` = ``cpu`` for CPU tensors and ``triton`` for CUDA tensors, e.g.
-``kernels/triton/gms_seg.py: gms_seg_triton``. A dataflow launcher gets ``x[N_in, K]``,
-``w[S, K, M]`` (contiguous, same dtype), the plan and the per-position scale (mean weights folded
-in, or None) and returns ``Y[N_out, M]`` reduced by ``plan.reduce``.
+The kernels come from the device's table (:func:`fusekit.gms.backends.backend_for`), so a call
+reads ``torch.ops.fusekit.gms`` (:mod:`fusekit.gms.ops`) -> :func:`forward` ->
+``backend.dataflows[strategy.dataflow]`` -> the launcher, e.g. ``kernels/cpu/gms_seg.py:
+gms_seg_cpu``. A dataflow launcher gets ``x[N_in, K]``, ``w[S, K, M]`` (contiguous, same dtype),
+the plan and the per-position scale (mean weights folded in, or None) and returns ``Y[N_out, M]``
+reduced by ``plan.reduce``.
 
 Orders are compositions of those pieces, the same on every backend::
 
@@ -19,16 +13,18 @@ Orders are compositions of those pieces, the same on every backend::
     aggregate-first  A = reduce_rows(X[g] * c by (s, d) group);  Y = dataflow(A, W, agg.plan)
     transform-first  T = dataflow(X, W, tf.plan);  Y = reduce_rows(c * T[v] by scatter row)
 
-except that ``aggregate-first/(GMS)seg`` runs ``kernels/<backend>/agg_gms_seg.py`` (the
+except that ``aggregate-first/(GMS)seg`` runs the table's ``aggregate_gms_seg`` (the
 aggregation in the GEMM prologue, ``A`` never in memory) where the backend has it.
 
 Gradients (``sum``/``mean``; ``c`` the per-position scale, ``n`` the mean weight)::
 
-    dX[g[p]] += c[p] * dY[d[p]] @ W[s]^T     the forward problem with g and d swapped: on the
-                                             CPU, (GMS)seg on the transposed plan (built once
-                                             per plan, :func:`transposed_plan`); otherwise the
-                                             segment GEMM of (GM)seg (or G-Mseg-S) with dY
-                                             rows, then a reduce by gather row (the source CSR)
+    dX[g[p]] += c[p] * dY[d[p]] @ W[s]^T     the forward problem with g and d swapped: where the
+                                             table says ``transposed_input_gradient``,
+                                             (GMS)seg on the transposed plan (built once per
+                                             plan, :func:`transposed_plan`); otherwise the
+                                             segment products (or the table's vendor GEMM for
+                                             G-Mseg-S) with dY rows, then a reduce by gather
+                                             row (the source CSR)
     dW[s]    += c[p] * X[g[p]]^T dY[d[p]]    segment outer products
     dc[e]     = n[p] * dY[d[p]] . (X[g[p]] @ W[s])    pair dots, e = order[p]
 
@@ -39,41 +35,12 @@ gradient ``G[p]`` (materialised, ``[E, M]``).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import torch
 
-from fusekit.errors import expected, require
+from fusekit.errors import expected
+from fusekit.gms.backends import Backend, VendorGemm, backend_for
 from fusekit.gms.candidates import Dataflow, GemmRows, Order, Strategy, default_strategy
-
-if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan, OrderPlan
-
-_BACKENDS = {"cpu": "cpu", "cuda": "triton"}
-
-
-def kernel(device: torch.device, module: str, stem: str) -> Callable[..., Any]:
-    """The launcher ``kernels/<backend>/<module>.py: <stem>_<backend>`` for a device.
-
-    Raises:
-        ValueError: no backend serves this device type, or it lacks the kernel.
-        MissingExtra: a CUDA device without Triton (the ``gpu`` extra).
-    """
-    backend = _BACKENDS.get(device.type)
-    name = f"fusekit.gms.kernels.{backend}.{module}"
-    if backend == "triton":
-        require("triton", f"gms on {device}", "gpu")
-    try:
-        if backend is None:
-            raise ModuleNotFoundError(name=name)
-        return getattr(importlib.import_module(name), f"{stem}_{backend}")  # type: ignore[no-any-return]
-    except (ModuleNotFoundError, AttributeError):
-        have = ", ".join(_BACKENDS)
-        raise ValueError(
-            expected("gms", "x", f"on a device with a {stem} kernel ({have})", str(device))
-        ) from None
+from fusekit.gms.problem import GMSPlan, OrderPlan, plan_sorted
 
 
 def gemm_rows(plan: GMSPlan) -> GemmRows:
@@ -125,27 +92,11 @@ def position_scale(
     return c
 
 
-def _compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype kernels compute in: float32 for bfloat16 on the CPU (numba has no bfloat16)."""
-    import torch
-
-    if device.type == "cpu" and dtype == torch.bfloat16:
+def _compute_dtype(dtype: torch.dtype, backend: Backend) -> torch.dtype:
+    """The dtype kernels compute in: float32 for bfloat16 where the backend has no bfloat16."""
+    if dtype == torch.bfloat16 and not backend.bfloat16:
         return torch.float32
     return dtype
-
-
-def _fused_aggregate(strategy: Strategy, device: torch.device) -> Callable[..., Any] | None:
-    """The fused ``aggregate-first/(GMS)seg`` kernel of the device's backend, if it has one.
-
-    ``kernels/<backend>/agg_gms_seg.py`` aggregates in the prologue of ``(GMS)seg``; without it
-    the order runs as the composition.
-    """
-    if strategy.dataflow is not Dataflow.GMS_SEG:
-        return None
-    try:
-        return kernel(device, "agg_gms_seg", "agg_gms_seg")
-    except ValueError:
-        return None
 
 
 def _order_plan(plan: GMSPlan, strategy: Strategy) -> OrderPlan:
@@ -175,8 +126,8 @@ def mirrored(plan: GMSPlan) -> bool:
     ``q = ptr[S-1-s] + p - ptr[s]`` when ``(gather, scatter)[q] = (scatter, gather)[p]``, every
     segment as long as its mirror and as many inputs as outputs. A submanifold kernel map
     written in key order is such a plan (the mirror of a pair has its rank:
-    :func:`fusekit.nn.kmap._write_symmetric`). The check costs a few passes over ``E`` (about
-    2 ms at 488k pairs, against 45 ms for a transposed plan) and holds whoever built the plan.
+    :func:`fusekit.nn.kmap._write_symmetric`). The check costs a few passes over ``E``, far
+    less than a transposed plan, and holds whoever built the plan.
     """
     hit = plan.memo.get("mirrored")
     if hit is None:
@@ -185,8 +136,6 @@ def mirrored(plan: GMSPlan) -> bool:
 
 
 def _pairs_mirror(plan: GMSPlan) -> bool:
-    import torch
-
     ptr = plan.segment_ptr
     lengths = ptr.diff()
     if plan.n_in != plan.n_out or not torch.equal(lengths, lengths.flip(0)):
@@ -207,10 +156,6 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
     """
     cached = plan.memo.get("transposed")
     if cached is None:
-        import torch
-
-        from fusekit.gms.problem import plan_sorted
-
         key = plan.segment * (plan.n_in + 1) + plan.gather
         perm = torch.sort(key, stable=True).indices
         position = torch.empty_like(perm)  # position[perm[q]] = q
@@ -233,6 +178,11 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
     return cached
 
 
+def _vendor_gemm(strategy: Strategy, backend: Backend) -> VendorGemm | None:
+    """The table's vendor GEMM where ``strategy`` ran on it (``G-Mseg-S``), else None."""
+    return backend.vendor_gemm if strategy.dataflow is Dataflow.G_MSEG_S else None
+
+
 def pair_values(
     strategy: Strategy, x: torch.Tensor, w: torch.Tensor, plan: GMSPlan
 ) -> torch.Tensor:
@@ -242,18 +192,16 @@ def pair_values(
     GEMM for ``G-Mseg-S``, the numba register tile otherwise, the distinct-row products for
     transform-first), so that they agree with the forward's winners to the last bit.
     """
-    dev = x.device
+    backend = backend_for(x.device, strategy.dataflow.module)
     if strategy.order is Order.TRANSFORM_FIRST:
         distinct = _order_plan(plan, strategy)
-        run = kernel(dev, strategy.dataflow.module, strategy.dataflow.module)
-        return run(x, w, distinct.plan, None)[distinct.index]
-    if strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu":
-        from fusekit.gms.kernels.cpu.g_mseg_s import per_segment_mm
-
-        gathered = kernel(dev, "rows", "gather_rows")(x, plan.gather)
+        return backend.dataflows[strategy.dataflow](x, w, distinct.plan, None)[distinct.index]
+    vendor = _vendor_gemm(strategy, backend)
+    if vendor is not None:
+        gathered = backend.gather_rows(x, plan.gather)
         out = gathered.new_empty(plan.num_pairs, w.shape[2])
-        return per_segment_mm(gathered, w, plan.segment_ptr.tolist(), out)
-    return kernel(dev, "gm_seg_s", "segment_products")(x, plan.gather, w, plan)
+        return vendor.per_segment_mm(gathered, w, plan.segment_ptr.tolist(), out)
+    return backend.segment_products(x, plan.gather, w, plan)
 
 
 def forward(
@@ -274,27 +222,30 @@ def forward(
 
     Returns:
         ``Y`` in the dtype of ``x``.
+
+    Raises:
+        ValueError: no backend serves ``x``'s device.
     """
-    dev = x.device
-    dtype = _compute_dtype(x.dtype, dev)
+    backend = backend_for(x.device, strategy.dataflow.module)
+    dtype = _compute_dtype(x.dtype, backend)
     xc, wc = x.to(dtype), w.to(dtype)
     c = position_scale(plan, scale, dtype)
-    run = kernel(dev, strategy.dataflow.module, strategy.dataflow.module)
-    reduce_rows = kernel(dev, "rows", "reduce_rows")
+    run = backend.dataflows[strategy.dataflow]
+    fused = backend.aggregate_gms_seg if strategy.dataflow is Dataflow.GMS_SEG else None
     if strategy.order is Order.PAIRWISE:
         y = run(xc, wc, plan, c)
-    elif strategy.order is Order.AGGREGATE_FIRST and (fused := _fused_aggregate(strategy, dev)):
+    elif strategy.order is Order.AGGREGATE_FIRST and fused is not None:
         y = fused(xc, wc, plan, c)
     elif strategy.order is Order.AGGREGATE_FIRST:
         groups = _order_plan(plan, strategy)
-        aggregated = reduce_rows(
+        aggregated = backend.reduce_rows(
             xc, groups.index, n_pairs=plan.num_pairs, src_index=plan.gather, scale=c
         )
         y = run(aggregated, wc, groups.plan, None)
     else:
         distinct = _order_plan(plan, strategy)
         transformed = run(xc, wc, distinct.plan, None)
-        y = reduce_rows(
+        y = backend.reduce_rows(
             transformed,
             plan.dst_ptr,
             n_pairs=plan.num_pairs,
@@ -307,7 +258,8 @@ def forward(
 
 
 def _input_gradient(
-    vendor_gemm: bool,
+    backend: Backend,
+    vendor: VendorGemm | None,
     shape: torch.Size,
     w: torch.Tensor,
     b: torch.Tensor,
@@ -317,34 +269,29 @@ def _input_gradient(
 ) -> torch.Tensor:
     """``dX[g[p]] += c[p] * B[b_index[p]] @ W[s[p]]^T`` (``shape`` rows, compute dtype).
 
-    On the CPU for ``sum``/``mean`` (``B = dY``, ``b_index = d``): (GMS)seg on
-    :func:`transposed_plan`, or on the plan itself with the segments' weights reversed when its
-    pairs mirror each other (:func:`mirrored`) and are unscaled. Otherwise the pair products (the
-    vendor segment GEMM on gathered rows for ``G-Mseg-S``, the numba segment products else)
-    reduced by gather row.
+    Where the table says ``transposed_input_gradient``, for ``sum``/``mean`` (``B = dY``,
+    ``b_index = d``) and not on the vendor GEMM: (GMS)seg on :func:`transposed_plan`, or on the
+    plan itself with the segments' weights reversed when its pairs mirror each other
+    (:func:`mirrored`) and are unscaled. Otherwise the pair products (the vendor segment GEMM on
+    gathered rows for ``G-Mseg-S``, the segment products else) reduced by gather row.
     """
-    import torch
-
-    dev = b.device
     w_t = w.transpose(1, 2).contiguous()
-    dx = torch.zeros(shape, dtype=b.dtype, device=dev)
-    if not vendor_gemm and dev.type == "cpu" and plan.reduce != "max":
+    dx = torch.zeros(shape, dtype=b.dtype, device=b.device)
+    gms_seg = backend.dataflows[Dataflow.GMS_SEG]
+    if vendor is None and backend.transposed_input_gradient and plan.reduce != "max":
         if c is None and mirrored(plan):
             reversed_w = w_t[: plan.num_segments].flip(0).contiguous()
-            dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, reversed_w, plan, None)
+            dx[: plan.n_in] = gms_seg(b, reversed_w, plan, None)
             return dx
         t_plan, perm = transposed_plan(plan)
         t_scale = c[perm] if c is not None else None
-        dx[: plan.n_in] = kernel(dev, "gms_seg", "gms_seg")(b, w_t, t_plan, t_scale)
+        dx[: plan.n_in] = gms_seg(b, w_t, t_plan, t_scale)
         return dx
-    if vendor_gemm:
-        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-
-        gathered = kernel(dev, "rows", "gather_rows")(b, b_index)
-        back = segment_mm(gathered, w_t, plan.segment_ptr)
+    if vendor is not None:
+        back = vendor.segment_mm(backend.gather_rows(b, b_index), w_t, plan.segment_ptr)
     else:
-        back = kernel(dev, "gm_seg_s", "segment_products")(b, b_index, w_t, plan)
-    kernel(dev, "rows", "reduce_rows")(
+        back = backend.segment_products(b, b_index, w_t, plan)
+    backend.reduce_rows(
         back, plan.src_ptr, n_pairs=plan.num_pairs, scale=c, pos=plan.src_pos, out=dx[: plan.n_in]
     )
     return dx
@@ -373,18 +320,15 @@ def backward(
     Returns:
         ``(dx, dw, dscale)`` in the operands' dtypes.
     """
-    import torch
-
     dev = x.device
-    dtype = _compute_dtype(x.dtype, dev)
+    backend = backend_for(dev, "backward")
+    dtype = _compute_dtype(x.dtype, backend)
     xc, wc, gc = x.to(dtype), w.to(dtype), grad.to(dtype).contiguous()
     c = position_scale(plan, scale, dtype)
-    vendor_gemm = strategy.dataflow is Dataflow.G_MSEG_S and dev.type == "cpu"
-    gather_rows = kernel(dev, "rows", "gather_rows")
-    segment_outer = kernel(dev, "backward", "segment_outer")
-    pair_dot = kernel(dev, "backward", "pair_dot")
+    vendor = _vendor_gemm(strategy, backend)
 
     # The pair-side gradient rows B[b_index[p]]: dY[d[p]] for sum/mean, G[p] for max.
+    values: torch.Tensor | None = None
     if plan.reduce == "max":
         values = pair_values(strategy, xc, wc, plan)
         scaled = values * c[:, None] if c is not None else values
@@ -399,27 +343,26 @@ def backward(
 
     dx = dw = dscale = None
     if needs[0]:
-        dx = _input_gradient(vendor_gemm, x.shape, wc, b, b_index, c, plan).to(x.dtype)
+        dx = _input_gradient(backend, vendor, x.shape, wc, b, b_index, c, plan).to(x.dtype)
     if needs[1]:
-        if vendor_gemm:
-            from fusekit.gms.kernels.cpu.g_mseg_s import segment_outer_mm
-
-            rows_b = gather_rows(b, b_index)
+        if vendor is not None:
+            rows_b = backend.gather_rows(b, b_index)
             if c is not None:
                 rows_b = rows_b * c[:, None]
-            dw = segment_outer_mm(
-                gather_rows(xc, plan.gather), rows_b, plan.segment_ptr, w.shape[0]
+            dw = vendor.segment_outer_mm(
+                backend.gather_rows(xc, plan.gather), rows_b, plan.segment_ptr, w.shape[0]
             )
         else:
-            dw = segment_outer(xc, plan.gather, b, b_index, c, plan, w.shape[0])
+            dw = backend.segment_outer(xc, plan.gather, b, b_index, c, plan, w.shape[0])
         dw = dw.to(w.dtype)
     if needs[2] and scale is not None:
-        if plan.reduce == "max":
+        if values is not None:  # max: the pair values are known
             dots = (b * values).sum(1)
         else:
-            dots = pair_dot(xc, plan.gather, wc, b, b_index, plan)
-        if plan.reduce == "mean":
-            dots = dots * position_scale(plan, None, dtype)
+            dots = backend.pair_dot(xc, plan.gather, wc, b, b_index, plan)
+        norm = position_scale(plan, None, dtype)
+        if norm is not None:  # mean: the 1 / deg weights
+            dots = dots * norm
         dscale = torch.empty_like(dots)
         dscale[plan.order] = dots
         dscale = dscale.to(scale.dtype)

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusekit.gms import NAMED_STRATEGIES, GMSProblem, dispatch, plan
+from fusekit.gms import NAMED_STRATEGIES, GMSProblem, backends, dispatch, plan
 from fusekit.gms.kernels.cpu.backward import pair_dot_cpu, segment_outer_cpu
 from fusekit.gms.kernels.cpu.gm_seg_s import segment_products_cpu
 from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
@@ -306,8 +306,8 @@ def test_dispatch_on_the_triton_backend_equals_the_cpu_backend(strategy, reduce,
     c = torch.rand(e, generator=gen) + 0.5
     dy = torch.randn(7, 17, generator=gen)
     want = run_dispatch(strategy, x, w, pl, c, dy)
-    monkeypatch.setitem(dispatch._BACKENDS, "cpu", "triton")
-    assert dispatch.kernel(x.device, "rows", "gather_rows") is gather_rows_triton
+    monkeypatch.setitem(backends.BY_DEVICE_TYPE, "cpu", backends.triton_backend)
+    assert backends.backend_for(x.device).gather_rows is gather_rows_triton
     got = run_dispatch(strategy, x, w, pl, c, dy)
     for name, a, b in zip(("y", "dx", "dw", "dscale"), got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape, name
