@@ -38,7 +38,8 @@ class PrimResult:
             per-token machine counts them (:func:`fusekit.sparse.graph.run_statement`).
         busy_cycles: cycles its busiest lane is occupied: it fires (one step per cycle: a token
             sent, or one taken without sending, such as an intersecter's step past a
-            coordinate) or waits on a joiner above to close a fiber (:attr:`Prim.wait`).
+            coordinate) or waits on a joiner above to close a fiber
+            (:attr:`~fusekit.sparse.stream_counts.Prim.wait`).
         memory: whether its tokens are memory words.
         firings: cycles it fires over all lanes.
     """
