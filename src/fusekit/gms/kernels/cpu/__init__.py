@@ -1,1 +1,1 @@
-"""CPU kernels (numba), one file per dataflow; see fusekit.gms.dispatch for the naming."""
+"""CPU kernels (numba), one file per dataflow; fusekit.gms.backends lists them in the CPU table."""

@@ -1,1 +1,1 @@
-"""gms kernels for CUDA tensors, in Triton: one file per dataflow (``<module>_triton``)."""
+"""Triton kernels for CUDA tensors, one file per dataflow; fusekit.gms.backends lists them."""
