@@ -20,6 +20,8 @@ import typer
 from fusekit import __version__, options
 from fusekit.console import progress
 from fusekit.errors import FusekitError
+from fusekit.report.tour import TourOptions, available_sections, run_tour
+from fusekit.threads import prefer_passive_wait
 
 #: Command groups in help order; a part not built yet has no commands module and is absent.
 GROUPS: tuple[str, ...] = ("hw", "ir", "gms", "nn", "stitch", "accel", "sparse", "report")
@@ -70,8 +72,7 @@ def tour(
     ] = 0,
 ) -> None:
     """Run every part that exists on small built-in defaults and write an HTML report."""
-    from fusekit.report.tour import TourOptions, available_sections, run_tour
-
+    prefer_passive_wait()  # before any section loads torch: its pool and numba's alternate
     total = len(available_sections())
     with progress("tour", total=total) as bar:
 

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusekit.report.document import Section, Text
-
-# numba's and torch's OpenMP pools take turns in the stitch section: passive waiting keeps a
-# spinning pool from starving the other. Set when the tour is imported, before any section
-# starts torch's pool (an explicit value is kept), as fusekit.stitch.runner does.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from fusekit.report.html import write_report
+from fusekit.threads import prefer_passive_wait
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +76,7 @@ def run_tour(
         The path of the written ``index.html``.
     """
     options = options or TourOptions()
+    prefer_passive_wait()  # numba's and torch's pools alternate (stitch): before either starts
     builders = available_sections()
     sections: list[Section] = []
     for i, (part, build) in enumerate(builders):

@@ -9,6 +9,7 @@ import typer
 
 from fusekit import options
 from fusekit.console import print_json, print_table, print_text, progress
+from fusekit.threads import prefer_passive_wait
 
 app = typer.Typer(
     help="Fusion plans (ILP on HiGHS) and stitched kernels for chains of memory-intensive ops.",
@@ -158,6 +159,7 @@ def bench_command(
     as_json: JsonOption = False,
 ) -> None:
     """Time MODEL eager against its stitched kernels (and check they agree)."""
+    prefer_passive_wait()  # before torch loads: its pool and numba's alternate in the kernels
     import torch
 
     from fusekit.hw import detect

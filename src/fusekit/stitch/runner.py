@@ -18,17 +18,14 @@ the input.
 
 Thread pools. The CPU kernels run on numba's OpenMP pool, the ops alone on torch's (a second
 libgomp): a pool that spins after its parallel region starves the other on a small machine.
-Importing this module therefore sets ``OMP_WAIT_POLICY=PASSIVE`` when it is unset, which every
-OpenMP runtime loaded afterwards reads (numba's always; torch's only if torch is imported after
-fusekit.stitch); if torch's pool was started without it, the first run logs a warning saying to
-set it before importing torch. An explicit value is never changed.
+A :class:`PlannedGraph` therefore sets ``OMP_WAIT_POLICY=PASSIVE`` when it is unset, before its
+kernels compile (:func:`fusekit.threads.prefer_passive_wait`): numba's pool starts with it; if
+torch's pool had already started without it, a warning says to set it before importing torch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -43,29 +40,12 @@ from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify
 from fusekit.stitch.schemes import Unfusable
 from fusekit.stitch.search import Plan, plan
+from fusekit.threads import prefer_passive_wait
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-#: torch's pool started before the policy was set here (so it spins after its regions)
-_TORCH_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-_warned = False
-
-
-def _warn_spinning_pool() -> None:
-    """Warn once if torch's OpenMP pool may spin (torch loaded before the policy was set)."""
-    global _warned
-    if _warned or not _TORCH_SPINS:
-        return
-    _warned = True
-    log.warning(
-        "stitch: torch was imported before fusekit.stitch.runner without OMP_WAIT_POLICY; its "
-        "spinning OpenMP threads slow the stitched kernels on small machines: set "
-        "OMP_WAIT_POLICY=PASSIVE before importing torch"
-    )
 
 
 def reference_group(
@@ -177,6 +157,12 @@ class PlannedGraph:
         self.plan = plan
         self.graph = plan.graph
         self.constants = dict(constants)
+        if prefer_passive_wait():  # before the kernels compile, which starts numba's pool
+            log.warning(
+                "stitch: torch was imported without OMP_WAIT_POLICY; its spinning OpenMP "
+                "threads slow the stitched kernels on small machines: set "
+                "OMP_WAIT_POLICY=PASSIVE before importing torch"
+            )
         self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
         import torch
 
@@ -199,7 +185,6 @@ class PlannedGraph:
     def run(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run every kernel in plan order; return the graph's outputs by name."""
         self.check(values)
-        _warn_spinning_pool()
         env: dict[str, torch.Tensor] = {**self.constants, **values}
         for kernel in self.kernels:
             env.update(kernel(env))
