@@ -36,7 +36,7 @@ from pathlib import Path
 
 from fusekit.accel import Fusion, attention, evaluate, explore, gemm_layernorm, gemm_softmax
 from fusekit.accel.candidates import enumerate_mappings
-from fusekit.accel.model import simd_rates
+from fusekit.accel.model import prepare
 from fusekit.accel.problem import Problem
 from fusekit.accel.search import Scored
 from fusekit.hw import Accelerator, load
@@ -86,12 +86,12 @@ def model_throughput(hw: Accelerator, shape: tuple[int, int, int], repeats: int)
     """
     problem = gemm_softmax(*shape)
     mappings = list(enumerate_mappings(problem, hw))
-    rates = simd_rates(problem, hw)  # as the mapper does, once per search
+    prepared = prepare(problem, hw)  # as the mapper does, once per chunk of mappings
     best_cpu = best_wall = float("inf")
     for _ in range(repeats):
         cpu, wall = time.process_time(), time.perf_counter()
         for m in mappings:
-            evaluate(problem, hw, m, rates)
+            evaluate(problem, hw, m, prepared)
         best_cpu = min(best_cpu, time.process_time() - cpu)
         best_wall = min(best_wall, time.perf_counter() - wall)
     return {

@@ -148,13 +148,17 @@ def main() -> None:
     shapes = {(r["arch"], f"{r['M']},{r['N']},{r['K']}") for r in every
               if r["case"].startswith(("im_", "du_"))}  # fmt: skip
     templ = templates(sorted(shapes))
-    print("| arch | M,N,K | op | fused cycles | unfused cycles (kernels) | cycles ratio | "
-          "energy ratio |")
+    print(
+        "| arch | M,N,K | op | fused cycles | unfused cycles (kernels) | cycles ratio | "
+        "energy ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for t in templ:
-        print(f"| {t['arch']} | {t['M,N,K']} | {t['op']} | {t['fused_cycles']:,} | "
-              f"{t['unfused_cycles']:,} ({t['kernels']}) | {t['cycles_ratio']:.3f} | "
-              f"{t['energy_ratio']:.3f} |")
+        print(
+            f"| {t['arch']} | {t['M,N,K']} | {t['op']} | {t['fused_cycles']:,} | "
+            f"{t['unfused_cycles']:,} ({t['kernels']}) | {t['cycles_ratio']:.3f} | "
+            f"{t['energy_ratio']:.3f} |"
+        )
     records += templ
     path = write_results(
         args.out,

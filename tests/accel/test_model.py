@@ -19,14 +19,9 @@ from fusekit.accel import (
 )
 from fusekit.accel.candidates import enumerate_mappings
 from fusekit.accel.mapping import BindingKind
-from fusekit.accel.model import (
-    _dram_fills,
-    gemm_accesses,
-    pipelined,
-    simd_cycles,
-    systolic_cycles,
-)
+from fusekit.accel.model import pipelined, prepare
 from fusekit.accel.nest import NestTensor, fills
+from fusekit.accel.units import dram_fills, gemm_accesses, simd_cycles, systolic_cycles
 from fusekit.hw import load
 
 EDGE = load("edge")
@@ -87,7 +82,7 @@ def test_dram_fills_match_timeloop_counting():
         tile = {"m": 16, "n": 32, "k": 16}
         for t, dims in (("A", (("m",), ("k",))), ("B", (("k",), ("n",)))):
             want = fills(NestTensor(t, dims), above, tile)
-            assert _dram_fills(p, m, st, t, 16, 16, steps) == want
+            assert dram_fills(p, m, st, t, 16, 16, steps) == want
 
 
 def _same_tiling(m: Mapping, fusion: Fusion) -> Mapping:
@@ -219,3 +214,17 @@ def test_parallel_needs_independent_ops():
         BindingKind.PIPELINE,
         BindingKind.SHARING,
     }
+
+
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+@pytest.mark.parametrize("make", [gemm_softmax, gemm_layernorm, attention, gemm])
+def test_shared_stage_memo_gives_the_recipes_numbers(hw, make):
+    # the mapper shares one prepare() over a chunk of mappings: every stage but the first GEMM
+    # comes from the memo; each breakdown must equal the one computed from scratch, bit for bit
+    accel = load(hw)
+    p = make(128, 128, 64)
+    shared = prepare(p, accel)
+    mappings = list(enumerate_mappings(p, accel))
+    for m in mappings[:: max(1, len(mappings) // 500)]:
+        assert evaluate(p, accel, m, shared) == evaluate(p, accel, m), m.label()
+    assert shared.stages or len(p.stages) == 1

@@ -12,8 +12,9 @@ from fusekit.accel import (
     gemm_softmax,
     make_problem,
 )
+from fusekit.accel.bound import lower_bound
 from fusekit.accel.candidates import enumerate_mappings, pow2_divisors
-from fusekit.accel.search import Scored, lower_bound, pareto_front
+from fusekit.accel.search import Scored, pareto_front
 from fusekit.hw import load
 from fusekit.search import LocalExecutor, SerialExecutor
 

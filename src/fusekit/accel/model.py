@@ -1,4 +1,4 @@
-"""Latency and energy of a compound op mapped onto a multi-cluster accelerator.
+r"""Latency and energy of a compound op mapped onto a multi-cluster accelerator.
 
 The model follows COMET (arXiv 2509.00599, Sec. IV, "latency and energy models"): a mapping
 partitions the first GEMM's output rows and columns over ``sr x sc`` clusters and walks row
@@ -6,22 +6,19 @@ blocks of ``tr`` rows per cluster; every op of the chain runs on each row block,
 systolic arrays and the rest on the SIMD unit, with explicit collectives where a reduction or a
 contraction crosses the clusters that share a row block.
 
-Per row-block step, on each cluster:
+Per op and row block, on each cluster (:func:`gemm_stage`, :func:`simd_stage`):
 
-* GEMM cycles (ScaleSim form, Samajdar et al. 2020): ``folds * (2 R + C + T - 2)`` with
-  ``R x C`` PEs per array, ``T`` streamed rows and ``folds = ceil(ceil(k/R) ceil(c/C) / arrays)``,
-  once per column tile and contraction tile, less the ``R``-cycle weight preload of the tiles
-  whose weights are still in the PEs (:func:`gemm_accesses`);
-* SIMD cycles: ``sum over lane-ops of ceil(points / width) * cycles(op)``;
-* collective cycles from :mod:`fusekit.accel.collectives` (on the SIMD chain's critical path:
-  the next op depends on the reduced value, so they stall it);
+* unit cycles: the systolic arrays' ScaleSim cycles, the weight preload paid only for tiles
+  whose weights are (re)loaded, or the SIMD lane-op cycles (:mod:`fusekit.accel.units`);
+* collective cycles from :mod:`fusekit.accel.collectives` (on the op's critical path: the next
+  op depends on the reduced value, so they stall its unit);
 * DRAM cycles: words moved by all clusters / DRAM words per cycle.
 
-The binding combines the per-step work of the units (:func:`bind_latency`): a *pipeline*
-overlaps DRAM, systolic arrays and SIMD unit across steps, with ramp-up and ramp-down,
+The binding combines the per-block work of the units (:func:`bind_latency`): a *pipeline*
+overlaps DRAM, systolic arrays and SIMD unit across blocks, with ramp-up and ramp-down,
 ``latency = sum(stage) + (steps - 1) * max(stage)``; *sharing* time-multiplexes the compute
-units within a step (arrays and SIMD in series, DRAM overlapped); *parallel* (independent ops
-only) overlaps them within a step; *sequential* gives ``steps * sum(stage)``. Unfused, each op
+units within a block (arrays and SIMD in series, DRAM overlapped); *parallel* (independent ops
+only) overlaps them within a block; *sequential* gives ``steps * sum(stage)``. Unfused, each op
 is its own pass (intermediates written to and read back from DRAM, no pipelining across ops, the
 same tiling and partition); fused, the intermediates stay in the global buffer (``fused_gb``) or
 the output buffer (``fused_cluster``) and only the problem inputs and outputs touch DRAM.
@@ -30,15 +27,21 @@ Energy (COMET's form): ``sum(accesses x energy per access)`` over DRAM, global, 
 and output buffers, plus ``MACs x mac_pj``, ``SIMD lane-ops x op_pj`` and ``byte-hops x
 hop_pj_per_byte``. An access moves one word (``hw.word_bytes``); the model counts one tensor
 element as one word, for bandwidth and energy alike. GEMM operands follow the weight-stationary
-reuse of :func:`gemm_accesses`: weights that fit the PEs stay there across row blocks instead of
-being re-read from the global buffer for every block.
+reuse of :func:`fusekit.accel.units.gemm_accesses`: weights that fit the PEs stay there across
+row blocks instead of being re-read from the global buffer for every block.
+
+.. math::
+
+    E = E_{dram} + E_{global} + E_{buffers} + E_{mac} + E_{simd} + E_{network}
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from collections.abc import Mapping as TMapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fusekit.accel.collectives import (
     CollectiveCost,
@@ -49,7 +52,17 @@ from fusekit.accel.collectives import (
 )
 from fusekit.accel.mapping import BindingKind, Fusion, Mapping
 from fusekit.accel.problem import Problem, Stage
-from fusekit.hw import Accelerator
+from fusekit.accel.units import (
+    GemmAccesses,
+    StageRates,
+    cluster_extents,
+    col_var,
+    dram_fills,
+    gemm_accesses,
+    simd_rates,
+    systolic_cycles,
+)
+from fusekit.hw import Accelerator, MemoryLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,60 +114,349 @@ class Breakdown:
         return "\n".join(lines)
 
 
-def systolic_cycles(
-    rows_streamed: int, k: int, c: int, hw: Accelerator, preload: bool = True
-) -> int:
-    """ScaleSim cycles of a ``rows_streamed x k`` by ``k x c`` GEMM on one cluster's arrays.
+# --- the recipe -------------------------------------------------------------------------------
 
-    ``folds x (2 R + C + T - 2)``: ``R`` cycles to preload a fold's weights, then ``R + C + T - 2``
-    to stream ``T`` rows through; ``preload=False`` leaves out the first part (weights already in
-    the PEs from the previous row block).
+
+def evaluate(
+    problem: Problem,
+    hw: Accelerator,
+    m: Mapping,
+    prepared: Prepared | None = None,
+) -> Breakdown:
+    """Latency and energy of ``problem`` on ``hw`` under mapping ``m`` (see the module docstring).
+
+    Args:
+        problem: the compound op.
+        hw: the accelerator.
+        m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
+        prepared: ``prepare(problem, hw)``, shared by the mappings of a search; a fresh one
+            when not given.
+
+    Returns:
+        The breakdown.
     """
-    s = hw.systolic
-    folds = math.ceil(k / s.pe_rows) * math.ceil(c / s.pe_cols)
-    per_array = math.ceil(folds / (s.grid_rows * s.grid_cols))
-    return per_array * (s.pe_rows * preload + s.pe_rows + s.pe_cols + rows_streamed - 2)
-
-
-def simd_cycles(stage: Stage, points: int, out_points: int, hw: Accelerator) -> int:
-    """SIMD cycles of one stage over ``points`` iteration points on one cluster."""
-    lanes = hw.simd_width
-    body = sum(n * math.ceil(points / lanes) * hw.simd_cycles(op) for op, n in stage.simd_ops)
-    tail = sum(
-        n * math.ceil(out_points / lanes) * hw.simd_cycles(op) for op, n in stage.per_out_ops
+    w = row_blocks(problem, hw, m)
+    prepared = prepared or prepare(problem, hw)
+    stages = [stage_cost(w, i, st, prepared) for i, st in enumerate(problem.stages)]
+    latency_cycles = fused_latency(w, stages) if w.fused else unfused_latency(w, stages)
+    energy_by_part_pj = energy_by_part(stages)
+    dram_words = _total([s.op.dram_words for s in stages])
+    ops = tuple([o for s in stages for o in (s.op, s.collective) if o is not None])
+    return Breakdown(
+        latency_cycles, sum(energy_by_part_pj.values()), dram_words, energy_by_part_pj, ops
     )
-    return body + tail
 
 
-def simd_energy_pj(stage: Stage, points: int, out_points: int, hw: Accelerator) -> float:
-    """SIMD lane-op energy of one stage."""
-    body = sum(n * points * hw.simd_energy_pj(op) for op, n in stage.simd_ops)
-    return body + sum(n * out_points * hw.simd_energy_pj(op) for op, n in stage.per_out_ops)
+def _total(terms: Iterable[float]) -> float:
+    """The terms added in order, from ``0.0`` (the stages' order fixes the rounding)."""
+    return sum(terms, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
-class StageRates:
-    """Per-stage SIMD constants: cycles per vector and energy per point, by body and output."""
+class Prepared:
+    """What :func:`evaluate` keeps per problem and accelerator, for the mappings of a search.
 
-    body_cycles: int
-    out_cycles: int
-    body_pj: float
-    out_pj: float
-
-
-def simd_rates(problem: Problem, hw: Accelerator) -> tuple[StageRates, ...]:
-    """The SIMD constants of every stage of ``problem`` on ``hw`` (zero for GEMM stages).
-
-    :func:`evaluate` computes them when not given; the mapper computes them once per search.
+    Attributes:
+        rates: the SIMD constants of every stage (:func:`fusekit.accel.units.simd_rates`).
+        stages: stage costs already computed, by stage and row-block walk (:func:`stage_cost`).
     """
-    return tuple(
-        StageRates(
-            sum(n * hw.simd_cycles(op) for op, n in st.simd_ops),
-            sum(n * hw.simd_cycles(op) for op, n in st.per_out_ops),
-            sum(n * hw.simd_energy_pj(op) for op, n in st.simd_ops),
-            sum(n * hw.simd_energy_pj(op) for op, n in st.per_out_ops),
-        )
-        for st in problem.stages
+
+    rates: tuple[StageRates, ...]
+    stages: dict[tuple[object, ...], StageCost] = field(default_factory=dict)
+
+
+def prepare(problem: Problem, hw: Accelerator) -> Prepared:
+    """The SIMD rates of ``problem`` on ``hw`` and an empty stage memo."""
+    return Prepared(simd_rates(problem, hw))
+
+
+def stage_cost(w: RowBlocks, i: int, st: Stage, prepared: Prepared) -> StageCost:
+    """The cost of stage ``i``, computed once per row-block walk.
+
+    A stage depends on the mapping through its walk alone (fusion, partition, rows, collective
+    model): the first GEMM is the one tiled by the mapping (``tile_col``, ``tile_red``, loop
+    order), a later one takes its whole per-cluster extents. So the mappings of a search that
+    differ only in the first GEMM's tiles or in the binding share every other stage.
+    """
+    if i == 0 and st.kind == "gemm":
+        return gemm_stage(w, i, st)
+    m = w.m
+    key = (i, m.fusion, m.spatial_row, m.spatial_col, m.tile_row, m.collective)
+    cost = prepared.stages.get(key)
+    if cost is None:
+        rate = prepared.rates[i]
+        cost = gemm_stage(w, i, st) if st.kind == "gemm" else simd_stage(w, st, rate)
+        prepared.stages[key] = cost
+    return cost
+
+
+class RowBlocks(NamedTuple):
+    """What the stages of one mapping share: the row-block walk and where operands live.
+
+    Attributes:
+        problem: the compound op.
+        hw: the accelerator.
+        m: the mapping.
+        steps: row blocks each cluster walks.
+        clusters: clusters the op is spread over.
+        fused: whether intermediates stay on chip.
+        extent: per-cluster extent of every variable within one row block.
+        dram: the DRAM level.
+        gb: the global buffer.
+        near: where fused intermediates and SIMD operands live (output or global buffer).
+        dram_words_per_cycle: DRAM bandwidth in words.
+        row_group: the clusters that share a row block (the collectives' group).
+    """
+
+    problem: Problem
+    hw: Accelerator
+    m: Mapping
+    steps: int
+    clusters: int
+    fused: bool
+    extent: dict[str, int]
+    dram: MemoryLevel
+    gb: MemoryLevel
+    near: MemoryLevel
+    dram_words_per_cycle: float
+    row_group: Group
+
+
+def row_blocks(problem: Problem, hw: Accelerator, m: Mapping) -> RowBlocks:
+    """The row-block walk of ``m``: ``rows / (sr tr)`` blocks on each of ``sr sc`` clusters."""
+    dram, gb = hw.level("dram"), hw.level("global")
+    return RowBlocks(  # positional: the mapper builds one per mapping
+        problem,
+        hw,
+        m,
+        problem.extents[problem.row] // (m.spatial_row * m.tile_row),  # steps
+        m.spatial_row * m.spatial_col,  # clusters
+        m.fusion is not Fusion.UNFUSED,  # fused
+        cluster_extents(problem, m),
+        dram,
+        gb,
+        hw.level("output") if m.fusion is Fusion.FUSED_CLUSTER else gb,  # near
+        (dram.bw_bytes_per_cycle or math.inf) / hw.word_bytes,  # DRAM words per cycle
+        group_on_mesh(m.spatial_col, hw.mesh_rows, hw.mesh_cols),  # row group
+    )
+
+
+class EnergyParts(NamedTuple):
+    """One op's energy by part (the keys of :attr:`Breakdown.energy_by_part_pj`), in pJ."""
+
+    dram: float
+    global_: float  # the global buffer
+    buffers: float  # input, weight and output buffers
+    mac: float
+    simd: float
+    network: float
+
+
+#: The parts' names in :attr:`Breakdown.energy_by_part_pj`, in :class:`EnergyParts` order.
+PARTS = ("dram", "global", "buffers", "mac", "simd", "network")
+
+
+class StageCost(NamedTuple):
+    """One op over every row block: its unit's cycles, its DRAM traffic, its energy by part.
+
+    Attributes:
+        op: the op's line of the breakdown (cycles over all blocks, energy, DRAM words).
+        collective: the collective after the op, or ``None``.
+        on_arrays: whether the op runs on the systolic arrays (else on the SIMD unit).
+        unit_step: cycles per row block on its unit.
+        stall_step: cycles per row block its unit waits for the collective.
+        dram_step: DRAM cycles per row block.
+        energy_pj: the op's and its collective's energy by part.
+    """
+
+    op: OpCost
+    collective: OpCost | None
+    on_arrays: bool
+    unit_step: float
+    stall_step: float
+    dram_step: float
+    energy_pj: EnergyParts
+
+
+# --- the stages -------------------------------------------------------------------------------
+
+
+def gemm_stage(w: RowBlocks, i: int, st: Stage) -> StageCost:
+    """A GEMM on the systolic arrays: weight-stationary tiles, partial sums reduce-scattered.
+
+    The first GEMM is tiled by the mapping (``tile_col x tile_red``); a later one takes its whole
+    per-cluster extents as one tile.
+    """
+    problem, hw, m, ext = w.problem, w.hw, w.m, w.extent
+    kvar, cvar = st.reduced_vars[0], col_var(st, problem.row)
+    ct = m.tile_col if i == 0 else ext[cvar]  # column tile of this GEMM
+    kt = m.tile_red if i == 0 else ext[kvar]  # contraction tile
+    out_points = math.prod(map(ext.__getitem__, st.out_vars))  # per cluster per block
+    points = out_points * math.prod(map(ext.__getitem__, st.reduced_vars))
+    writes_out = not w.fused or st.out in problem.outputs  # the result goes to DRAM
+    out_words = w.clusters * out_points * w.steps
+    g = gemm_accesses(problem, m, st, ct, kt, w.steps, hw)
+    tiles = w.steps * (ext[cvar] // ct) * (ext[kvar] // kt)  # per cluster
+    unit_step = systolic_step(w, ct, kt, tiles, g.weight_loads)
+    dram_words = float(out_words if writes_out else 0) + gemm_fills(w, st, ct, kt)
+    to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
+    global_pj = gemm_global_pj(w, g, dram_words, out_words, writes_out, to_gb)
+    buffers_pj = gemm_buffers_pj(hw, g)
+    mac_pj = w.clusters * w.steps * points * hw.mac_pj
+    split_k = kvar == problem.col and m.spatial_col > 1  # partial sums over the split columns
+    coll = CollectiveKind.REDUCE_SCATTER if split_k else None
+    energy = (global_pj, buffers_pj, mac_pj, 0.0)
+    return _stage(w, st, True, unit_step, dram_words, energy, coll, out_points)
+
+
+def simd_stage(w: RowBlocks, st: Stage, rate: StageRates) -> StageCost:
+    """An element-wise or reduction op on the SIMD unit, all-reduced over split columns.
+
+    Its operands are read from (and its result written to) the output buffer when fused in the
+    cluster, else the global buffer; every DRAM word is staged through the global buffer.
+    """
+    problem, ext, lanes = w.problem, w.extent, w.hw.simd_width
+    out_points = math.prod(map(ext.__getitem__, st.out_vars))  # per cluster per block
+    points = out_points * math.prod(map(ext.__getitem__, st.reduced_vars))
+    writes_out = not w.fused or st.out in problem.outputs  # the result goes to DRAM
+    out_words = w.clusters * out_points * w.steps
+    unit_step = -(-points // lanes) * rate.body_cycles + -(-out_points // lanes) * rate.out_cycles
+    dram_words = float(out_words if writes_out else 0) + simd_fills(w, st)
+    operand_level = w.near if w.fused else w.gb
+    in_words = sum([math.prod(map(ext.__getitem__, problem.tensors[t])) for t in st.inputs])
+    operands_pj = (
+        w.clusters * w.steps * in_words * operand_level.read_pj + out_words * operand_level.write_pj
+    )
+    simd_pj = w.clusters * w.steps * (points * rate.body_pj + out_points * rate.out_pj)
+    staging_pj = dram_words * w.gb.write_pj  # DRAM <-> GB
+    in_gb = operand_level is w.gb
+    global_pj = staging_pj + operands_pj if in_gb else staging_pj
+    buffers_pj = 0.0 if in_gb else operands_pj
+    split = problem.col in st.reduced_vars and w.m.spatial_col > 1  # a row reduction, split
+    coll = CollectiveKind.ALL_REDUCE if split else None
+    energy = (global_pj, buffers_pj, 0.0, simd_pj)
+    return _stage(w, st, False, unit_step, dram_words, energy, coll, out_points)
+
+
+def _stage(
+    w: RowBlocks,
+    st: Stage,
+    on_arrays: bool,
+    unit_step: float,
+    dram_words: float,
+    energy: tuple[float, float, float, float],
+    coll: CollectiveKind | None,
+    out_points: int,
+) -> StageCost:
+    """A stage's DRAM energy and cycles, and its collective; ``energy``: global to SIMD pJ."""
+    global_pj, buffers_pj, mac_pj, simd_pj = energy
+    dram_pj = dram_words * w.dram.read_pj
+    op_pj = mac_pj + global_pj + buffers_pj + simd_pj + dram_pj
+    op = OpCost(st.out, st.kind, unit_step * w.steps, op_pj, dram_words)
+    c = None if coll is None else collective(w, st, coll, out_points * w.hw.word_bytes)
+    stall_step = 0.0 if c is None else c.cycles / w.steps
+    dram_step = dram_words / w.steps / w.dram_words_per_cycle
+    network_pj = 0.0 if c is None else c.energy_pj
+    parts = EnergyParts(dram_pj, global_pj, buffers_pj, mac_pj, simd_pj, network_pj)
+    return StageCost(op, c, on_arrays, unit_step, stall_step, dram_step, parts)
+
+
+# --- the terms --------------------------------------------------------------------------------
+
+
+def systolic_step(w: RowBlocks, ct: int, kt: int, tiles: int, weight_loads: int) -> float:
+    """Array cycles per row block: every tile streams its rows, loaded weights are preloaded."""
+    stream = systolic_cycles(w.m.tile_row, kt, ct, w.hw, preload=False)
+    preload = systolic_cycles(w.m.tile_row, kt, ct, w.hw) - stream
+    return (tiles * stream + weight_loads * preload) / w.steps
+
+
+def gemm_fills(w: RowBlocks, st: Stage, ct: int, kt: int) -> float:
+    """DRAM words a GEMM reads: its inputs from DRAM (all of them unfused), Timeloop's fills."""
+    problem, fused = w.problem, w.fused
+    words = 0.0
+    for t in st.inputs:
+        if not fused or t in problem.inputs:
+            words += dram_fills(problem, w.m, st, t, ct, kt, w.steps)
+    return words
+
+
+def simd_fills(w: RowBlocks, st: Stage) -> int:
+    """DRAM words a SIMD op reads: each input from DRAM once (all of them unfused)."""
+    problem, fused = w.problem, w.fused
+    return sum([problem.sizes[t] for t in st.inputs if not fused or t in problem.inputs])
+
+
+def gemm_global_pj(
+    w: RowBlocks,
+    g: GemmAccesses,
+    dram_words: float,
+    out_words: int,
+    writes_out: bool,
+    to_gb: bool,
+) -> float:
+    """Global buffer energy of a GEMM: operands out, DRAM staging in, the result in and out."""
+    gb = w.gb
+    return (
+        (g.a_gb_reads + g.b_gb_reads) * gb.read_pj  # operands to the buffers
+        + (dram_words - out_words * writes_out) * gb.write_pj  # staged in from DRAM
+        + out_words * to_gb * gb.write_pj  # result into the GB
+        + out_words * writes_out * gb.read_pj  # and out to DRAM
+    )
+
+
+def gemm_buffers_pj(hw: Accelerator, g: GemmAccesses) -> float:
+    """Input, weight and output buffer energy of a GEMM (each weight: a WB write and read)."""
+    ib, wbuf, ob = hw.level("input"), hw.level("weight"), hw.level("output")
+    return (
+        g.a_gb_reads * ib.write_pj
+        + g.a_ib_reads * ib.read_pj
+        + g.b_gb_reads * (wbuf.write_pj + wbuf.read_pj)
+        + g.ob_updates * (ob.write_pj + ob.read_pj)
+    )
+
+
+_COLLECTIVES: dict[tuple[object, ...], CollectiveCost] = {}
+
+
+def collective(w: RowBlocks, st: Stage, kind: CollectiveKind, n_bytes: float) -> OpCost:
+    """One collective per row block and row group, of ``n_bytes`` per cluster (cached)."""
+    m, hw = w.m, w.hw
+    key = (kind, n_bytes, w.row_group, m.collective, hw.network)
+    if len(_COLLECTIVES) > 4096:
+        _COLLECTIVES.clear()
+    cost = _COLLECTIVES.get(key)
+    if cost is None:
+        cost = collective_cost(kind, n_bytes, w.row_group, hw.network, m.collective)
+        _COLLECTIVES[key] = cost
+    n_groups = m.spatial_row
+    energy = w.steps * n_groups * cost.byte_hops * hw.network.hop_pj_per_byte
+    name = f"{st.out}.{kind.value}({st.reduce_op or 'sum'})"
+    return OpCost(name, kind.value, w.steps * cost.cycles, energy, 0.0)
+
+
+# --- energy and overlap -----------------------------------------------------------------------
+
+
+def energy_by_part(stages: list[StageCost]) -> dict[str, float]:
+    """Energy by part (:data:`PARTS`): each part's stage terms added in the stages' order."""
+    by_part = zip(*[s.energy_pj for s in stages], strict=True)
+    return dict(zip(PARTS, [_total(terms) for terms in by_part], strict=True))
+
+
+def fused_latency(w: RowBlocks, stages: list[StageCost]) -> float:
+    """Fused: the units' per-block work, bound by the mapping's binding (:func:`bind_latency`)."""
+    dram = _total([s.dram_step for s in stages])
+    systolic = _total([c for s in stages if s.on_arrays for c in (s.unit_step, s.stall_step)])
+    simd = _total([c for s in stages if not s.on_arrays for c in (s.unit_step, s.stall_step)])
+    return bind_latency(w.m.binding, dram, systolic, simd, w.steps)
+
+
+def unfused_latency(w: RowBlocks, stages: list[StageCost]) -> float:
+    """Unfused: one op per nest, each overlapping its DRAM and compute (unless sequential)."""
+    overlap = w.m.binding is not BindingKind.SEQUENTIAL
+    return _total(
+        [pipelined([s.dram_step, s.unit_step + s.stall_step], w.steps, overlap) for s in stages]
     )
 
 
@@ -191,307 +493,3 @@ def bind_latency(
     if binding is BindingKind.PARALLEL:
         return pipelined([dram, max(systolic, simd)], steps, True)
     return steps * (dram + systolic + simd)
-
-
-def _extent(problem: Problem, m: Mapping, var: str) -> int:
-    """Per-cluster extent of ``var`` within one row block (the rows are ``tile_row``)."""
-    if var == problem.row:
-        return m.tile_row
-    if var == problem.col:
-        return problem.extents[var] // m.spatial_col
-    return problem.extents[var]
-
-
-def evaluate(
-    problem: Problem,
-    hw: Accelerator,
-    m: Mapping,
-    rates: tuple[StageRates, ...] | None = None,
-) -> Breakdown:
-    """Latency and energy of ``problem`` on ``hw`` under mapping ``m`` (see the module docstring).
-
-    Args:
-        problem: the compound op.
-        hw: the accelerator.
-        m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
-        rates: ``simd_rates(problem, hw)``, computed here when not given.
-
-    Returns:
-        The breakdown.
-    """
-    wb = hw.word_bytes
-    dram, gb, ob = hw.level("dram"), hw.level("global"), hw.level("output")
-    ib, wbuf = hw.level("input"), hw.level("weight")
-    dram_wpc = (dram.bw_bytes_per_cycle or math.inf) / wb
-    clusters = m.spatial_row * m.spatial_col
-    steps = problem.extents[problem.row] // (m.spatial_row * m.tile_row)
-    row_group = group_on_mesh(m.spatial_col, hw.mesh_rows, hw.mesh_cols)
-    fused = m.fusion is not Fusion.UNFUSED
-    # where intermediates and SIMD operands live: output buffer, or global buffer
-    near = ob if m.fusion is Fusion.FUSED_CLUSTER else gb
-    ops: list[OpCost] = []
-    e_dram = e_global = e_buffers = e_mac = e_simd = e_network = 0.0  # pJ, by part
-    lat_dram = lat_systolic = lat_simd = 0.0  # cycles per step, fused
-    unfused_cycles = total_dram_words = 0.0
-    sequential = m.binding is BindingKind.SEQUENTIAL
-    rates = rates or simd_rates(problem, hw)
-    lanes = hw.simd_width
-    get = _extents(problem, m).__getitem__  # per-cluster extents within one row block
-    for i, st in enumerate(problem.stages):
-        out_points = math.prod(map(get, st.out_vars))  # per cluster per step
-        points = out_points * math.prod(map(get, st.reduced_vars))
-        writes_out = not fused or st.out in problem.outputs
-        out_words = clusters * out_points * steps
-        dram_words = float(out_words if writes_out else 0)
-        coll: CollectiveKind | None = None
-        mac_pj = simd_pj = global_pj = buffers_pj = 0.0
-        if st.kind == "gemm":
-            kvar, cvar = st.reduced_vars[0], _col_var(st, problem.row)
-            ct = m.tile_col if i == 0 else get(cvar)  # column tile of this GEMM
-            kt = m.tile_red if i == 0 else get(kvar)
-            g = gemm_accesses(problem, m, st, ct, kt, steps, hw)
-            stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
-            preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
-            # per step: every tile streams its rows; weights are preloaded only when (re)loaded
-            tiles = steps * (get(cvar) // ct) * (get(kvar) // kt)
-            cyc = (tiles * stream + g.weight_loads * preload) / steps
-            for t in st.inputs:
-                if not fused or t in problem.inputs:
-                    dram_words += _dram_fills(problem, m, st, t, ct, kt, steps)
-            to_gb = writes_out or m.fusion is Fusion.FUSED_GB  # the result leaves the cluster
-            mac_pj = clusters * steps * points * hw.mac_pj
-            global_pj = (
-                (g.a_gb_reads + g.b_gb_reads) * gb.read_pj  # operands to the buffers
-                + (dram_words - out_words * writes_out) * gb.write_pj  # staged in from DRAM
-                + out_words * to_gb * gb.write_pj  # result into the GB
-                + out_words * writes_out * gb.read_pj  # and out to DRAM
-            )
-            buffers_pj = (
-                g.a_gb_reads * ib.write_pj
-                + g.a_ib_reads * ib.read_pj
-                + g.b_gb_reads * (wbuf.write_pj + wbuf.read_pj)
-                + g.ob_updates * (ob.write_pj + ob.read_pj)
-            )
-            if kvar == problem.col and m.spatial_col > 1:
-                coll = CollectiveKind.REDUCE_SCATTER  # partial sums over the split columns
-        else:
-            r = rates[i]  # = simd_cycles(st, points, out_points, hw), precomputed per stage
-            cyc = -(-points // lanes) * r.body_cycles + -(-out_points // lanes) * r.out_cycles
-            in_words = 0  # per cluster per step: every input point read from its level
-            for t in st.inputs:
-                in_words += math.prod(map(get, problem.tensors[t]))
-                if not fused or t in problem.inputs:
-                    dram_words += problem.sizes[t]
-            lvl = near if fused else gb
-            operands_pj = clusters * steps * in_words * lvl.read_pj + out_words * lvl.write_pj
-            simd_pj = clusters * steps * (points * r.body_pj + out_points * r.out_pj)
-            global_pj = dram_words * gb.write_pj  # DRAM <-> GB staging
-            if lvl is gb:
-                global_pj += operands_pj
-            else:
-                buffers_pj = operands_pj
-            if problem.col in st.reduced_vars and m.spatial_col > 1:
-                coll = CollectiveKind.ALL_REDUCE
-        dram_pj = dram_words * dram.read_pj
-        e_dram += dram_pj
-        e_global += global_pj
-        e_buffers += buffers_pj
-        e_mac += mac_pj
-        e_simd += simd_pj
-        total_dram_words += dram_words
-        op_pj = mac_pj + global_pj + buffers_pj + simd_pj + dram_pj
-        ops.append(OpCost(st.out, st.kind, cyc * steps, op_pj, dram_words))
-        coll_step = 0.0
-        if coll is not None:
-            c = _collective(st, coll, out_points * wb, row_group, hw, m, steps)
-            ops.append(c)
-            e_network += c.energy_pj
-            coll_step = c.cycles / steps
-        dram_step = dram_words / steps / dram_wpc
-        if not fused:
-            # one op per nest: every binding but sequential overlaps its DRAM and compute
-            unfused_cycles += pipelined([dram_step, cyc + coll_step], steps, not sequential)
-        elif st.kind == "gemm":  # the next op waits for a collective: it stalls the resource
-            lat_dram, lat_systolic = lat_dram + dram_step, lat_systolic + cyc + coll_step
-        else:
-            lat_dram, lat_simd = lat_dram + dram_step, lat_simd + cyc + coll_step
-    latency = (
-        bind_latency(m.binding, lat_dram, lat_systolic, lat_simd, steps)
-        if fused
-        else unfused_cycles
-    )
-    parts = {
-        "dram": e_dram,
-        "global": e_global,
-        "buffers": e_buffers,
-        "mac": e_mac,
-        "simd": e_simd,
-        "network": e_network,
-    }
-    return Breakdown(
-        latency_cycles=latency,
-        energy_pj=sum(parts.values()),
-        dram_words=total_dram_words,
-        energy_by_part_pj=parts,
-        ops=tuple(ops),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class GemmAccesses:
-    """On-chip accesses of one GEMM stage over every cluster and step, in words.
-
-    Attributes:
-        a_gb_reads: input words read from the global buffer (each written once to the IB).
-        a_ib_reads: input words streamed from the IB into the arrays (multicast along a round).
-        b_gb_reads: weight words loaded GB -> weight buffer -> PEs (a WB write and read each).
-        ob_updates: partial-sum words written to (and read back from) the output buffer.
-        weight_loads: weight tiles loaded into one cluster's arrays (``L_B`` below).
-    """
-
-    a_gb_reads: int
-    a_ib_reads: int
-    b_gb_reads: int
-    ob_updates: int
-    weight_loads: int
-
-
-def _loads(order: tuple[str, ...], factor: dict[str, int], uses: tuple[str, ...]) -> int:
-    """Tile (re)loads of a tensor: loop factors down to the innermost loop that indexes it."""
-    n = count = 1
-    for v in order:  # outermost first
-        if factor[v] > 1:
-            n *= factor[v]
-            if v in uses:
-                count = n
-    return count
-
-
-def gemm_accesses(
-    problem: Problem, m: Mapping, st: Stage, ct: int, kt: int, steps: int, hw: Accelerator
-) -> GemmAccesses:
-    r"""Buffer accesses of a weight-stationary GEMM on every cluster's array grid.
-
-    One tile is ``tr x kt`` inputs (A) by ``kt x ct`` weights (B). Its ``ceil(kt/R) ceil(ct/C)``
-    folds go to the ``G`` arrays in ``rounds = ceil(folds / G)`` rounds. Timeloop's stationarity
-    rule (:func:`fusekit.accel.nest.fills`) over the cluster's tile loops (``steps`` row blocks,
-    ``n_c`` column tiles, ``n_k`` contraction tiles, in the mapping's order) gives the loads:
-
-    .. math::
-
-        B_{GB} = P \cdot L_B \cdot k_t c_t, \quad
-        A_{GB} = P \cdot L_A \cdot t_r k_t, \quad
-        A_{IB} = P \cdot T \cdot \text{rounds} \cdot t_r k_t, \quad
-        O = P \cdot T \cdot t_r c_t \lceil k_t / R \rceil
-
-    with ``P`` clusters, ``T = steps n_c n_k`` tiles per cluster and ``L`` the product of the loop
-    factors down to the innermost loop indexing the tensor. The weights stay in the PEs (and A in
-    the input buffer) across the loops that do not index them only when they fit there: one round
-    (``L_B = T`` otherwise) and ``tr kt`` within the double-buffered IB (``L_A = T rounds``
-    otherwise). Each fold's partial sums are written to the OB and read back once.
-    """
-    s = hw.systolic
-    row = problem.row
-    kvar, cvar = st.reduced_vars[0], _col_var(st, row)
-    clusters = m.spatial_row * m.spatial_col
-    n_c, n_k = _extent(problem, m, cvar) // ct, _extent(problem, m, kvar) // kt
-    k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
-    rounds = math.ceil(k_folds * c_folds / (s.grid_rows * s.grid_cols))
-    order = m.order if st is problem.stages[0] else (row, cvar, kvar)
-    factor = {row: steps, cvar: n_c, kvar: n_k}
-    tiles = steps * n_c * n_k  # per cluster
-    ib = hw.level("input")
-    ib_words = ib.size_bytes // hw.word_bytes // (2 if ib.double_buffered else 1)
-    b_loads = _loads(order, factor, (cvar, kvar)) if rounds == 1 else tiles
-    a_fits = m.tile_row * kt <= ib_words
-    a_loads = _loads(order, factor, (row, kvar)) if a_fits else tiles * rounds
-    return GemmAccesses(
-        a_gb_reads=clusters * a_loads * m.tile_row * kt,
-        a_ib_reads=clusters * tiles * rounds * m.tile_row * kt,
-        b_gb_reads=clusters * b_loads * kt * ct,
-        ob_updates=clusters * tiles * m.tile_row * ct * k_folds,
-        weight_loads=b_loads,
-    )
-
-
-def _col_var(st: Stage, row: str) -> str:
-    """The first output variable of a GEMM stage that is not the row variable."""
-    out = st.out_vars
-    return out[1] if out[0] == row else out[0]
-
-
-def _extents(problem: Problem, m: Mapping) -> dict[str, int]:
-    """Per-cluster extent of every variable within one row block (see :func:`_extent`)."""
-    ext = dict(problem.extents)
-    ext[problem.row] = m.tile_row
-    ext[problem.col] = ext[problem.col] // m.spatial_col
-    return ext
-
-
-def _points_of(problem: Problem, m: Mapping, tensor: str) -> int:
-    """Per-cluster words of ``tensor`` within one row block."""
-    return math.prod(_extent(problem, m, v) for v in problem.tensors[tensor])
-
-
-_COLLECTIVES: dict[tuple[object, ...], CollectiveCost] = {}
-
-
-def _collective(
-    st: Stage,
-    kind: CollectiveKind,
-    n_bytes: float,
-    group: Group,
-    hw: Accelerator,
-    m: Mapping,
-    steps: int,
-) -> OpCost:
-    key = (kind, n_bytes, group, m.collective, hw.network)
-    if len(_COLLECTIVES) > 4096:
-        _COLLECTIVES.clear()
-    cost = _COLLECTIVES.get(key)
-    if cost is None:
-        cost = collective_cost(kind, n_bytes, group, hw.network, m.collective)
-        _COLLECTIVES[key] = cost
-    n_groups = m.spatial_row
-    energy = steps * n_groups * cost.byte_hops * hw.network.hop_pj_per_byte
-    name = f"{st.out}.{kind.value}({st.reduce_op or 'sum'})"
-    return OpCost(name, kind.value, steps * cost.cycles, energy, 0.0)
-
-
-def _dram_fills(
-    problem: Problem, m: Mapping, st: Stage, tensor: str, ct: int, kt: int, steps: int
-) -> float:
-    """DRAM words read for a GEMM input: Timeloop fills with the spatial loops multicast.
-
-    Equal to :func:`fusekit.accel.nest.fills` for plain 2-D tensors (no sliding windows): the
-    chip-level tile times every loop factor from the outermost loop down to the innermost loop
-    that indexes the tensor (tests/accel/test_model.py checks the two agree).
-    """
-    row, col = problem.row, problem.col
-    tvars = problem.tensors[tensor]
-    tile = 1
-    for v in tvars:
-        tile *= problem.extents[v]
-    if row in tvars:
-        tile = tile // problem.extents[row] * m.tile_row * m.spatial_row
-    if st is not problem.stages[0]:
-        return float(tile * steps) if row in tvars else float(tile)
-    kvar = st.reduced_vars[0]
-    factors = {
-        row: steps,
-        col: problem.extents[col] // (ct * m.spatial_col),
-        kvar: problem.extents[kvar] // kt,
-    }
-    if col in tvars:
-        tile = tile // problem.extents[col] * ct * m.spatial_col
-    if kvar in tvars:
-        tile = tile // problem.extents[kvar] * kt
-    words = tile
-    reuse = 1
-    for v in m.order:  # outermost first
-        f = factors[v]
-        if f > 1:
-            reuse *= f
-            if v in tvars:
-                words = tile * reuse
-    return float(words)

@@ -1,21 +1,12 @@
 """The mapper: enumerate mappings, prune by a lower bound, evaluate in parallel, keep the best.
 
 Work is split into chunks of candidates and run through a :class:`fusekit.search.Executor`. In
-each chunk and for each fusion level, a candidate whose lower bound (latency and energy) is
-dominated by a mapping already evaluated is skipped: it can be neither on the Pareto front nor
-the best by latency, energy or energy-delay product. The bound (:func:`lower_bound`) is the cost
-model with the terms that depend on the loop order, the binding or the collective model dropped
-or replaced by their least value:
-
-    latency >= pipelined(DRAM cycles of the compulsory traffic of the fusion level,
-                         systolic cycles of the mapping's GEMM tiles, SIMD cycles of its row block)
-    energy  >= MACs e_MAC + SIMD lane-ops e_op + compulsory DRAM words (e_DRAM + e_GB)
-               + GEMM operands loaded once per distinct tile + SIMD operands at their level
-
-with the compulsory traffic the problem inputs and outputs (plus every intermediate written and
-read back once when unfused); per op and summed when unfused. One bound serves every loop
-order, binding and collective model of a (fusion, partition, tiles) point, so it is computed
-once per point (and binding). The fronts of the chunks are merged at the end.
+each chunk and for each fusion level, a candidate whose lower bound (latency and energy,
+:func:`fusekit.accel.bound.lower_bound`) is dominated by a mapping already evaluated is skipped:
+it can be neither on the Pareto front nor the best by latency, energy or energy-delay product.
+One bound serves every loop order, binding and collective model of a (fusion, partition, tiles)
+point, so it is computed once per point (and binding). The fronts of the chunks are merged at
+the end.
 """
 
 from __future__ import annotations
@@ -29,22 +20,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from fusekit.accel.bound import lower_bound
 from fusekit.accel.candidates import enumerate_mappings
 from fusekit.accel.mapping import Fusion, Mapping
-from fusekit.accel.model import (
-    StageRates,
-    _col_var,
-    _extent,
-    _points_of,
-    bind_latency,
-    evaluate,
-    pipelined,
-    simd_rates,
-    systolic_cycles,
-)
+from fusekit.accel.model import evaluate, prepare
 from fusekit.accel.problem import Problem, make_problem
 from fusekit.hw import Accelerator
 from fusekit.hw.cpu_gpu import plain
+from fusekit.ir import format_op
 from fusekit.search import Executor, SerialExecutor
 
 log = logging.getLogger(__name__)
@@ -103,85 +86,6 @@ class SearchResult:
         return self.evaluated / self.wall_s / self.workers if self.wall_s > 0 else math.inf
 
 
-def lower_bound(
-    problem: Problem,
-    hw: Accelerator,
-    m: Mapping,
-    rates: tuple[StageRates, ...] | None = None,
-) -> tuple[float, float]:
-    """``(latency_cycles, energy_pj)`` that no evaluation of ``m`` can beat (module docstring).
-
-    It keeps every term of :func:`fusekit.accel.model.evaluate` that does not depend on the loop
-    order, the binding or the collective model, and drops the others (collectives, DRAM re-fetches,
-    re-loads of operand tiles that a loop order may avoid), so that one bound serves every mapping
-    with the same fusion level, binding, partition and tiles. Each kept term is at most its
-    counterpart in ``evaluate``, and the latency grows with each stage, hence the bound.
-    """
-    row = problem.row
-    fused = m.fusion is not Fusion.UNFUSED
-    clusters = m.spatial_row * m.spatial_col
-    steps = problem.extents[row] // (m.spatial_row * m.tile_row)
-    dram, gb, ib, wb, ob = (hw.level(n) for n in ("dram", "global", "input", "weight", "output"))
-    dram_wpc = (dram.bw_bytes_per_cycle or math.inf) / hw.word_bytes
-    near = ob if m.fusion is Fusion.FUSED_CLUSTER else gb
-    dram_pj = min(dram.read_pj, dram.write_pj) + min(gb.read_pj, gb.write_pj)  # DRAM <-> GB
-    s = hw.systolic
-    arrays = s.grid_rows * s.grid_cols
-    ib_words = ib.size_bytes // hw.word_bytes // (2 if ib.double_buffered else 1)
-    rates = rates or simd_rates(problem, hw)
-    stage_cycles = {"systolic": 0.0, "simd": 0.0}  # per step, fused
-    unfused_cycles = 0.0
-    energy = problem.macs * hw.mac_pj
-    words_total = 0
-    for i, st in enumerate(problem.stages):
-        ext = {v: _extent(problem, m, v) for v in st.vars}
-        points = math.prod(ext.values())
-        out_points = math.prod(ext[v] for v in st.out_vars)
-        words = sum(problem.size(t) for t in st.inputs if t in problem.inputs or not fused)
-        words += problem.size(st.out) if st.out in problem.outputs or not fused else 0
-        if st.kind == "gemm":
-            kvar = st.reduced_vars[0]
-            cvar = _col_var(st, row)
-            ct = m.tile_col if i == 0 else ext[cvar]
-            kt = m.tile_red if i == 0 else ext[kvar]
-            n_c, n_k = ext[cvar] // ct, ext[kvar] // kt
-            k_folds, c_folds = math.ceil(kt / s.pe_rows), math.ceil(ct / s.pe_cols)
-            rounds = math.ceil(k_folds * c_folds / arrays)
-            tiles = clusters * steps * n_c * n_k
-            # fewest loads in any loop order: each distinct tile once, when it stays resident
-            weight_loads = n_c * n_k if rounds == 1 else steps * n_c * n_k  # per cluster
-            b_loads = clusters * weight_loads
-            stream = systolic_cycles(m.tile_row, kt, ct, hw, preload=False)
-            preload = systolic_cycles(m.tile_row, kt, ct, hw) - stream
-            cyc = (steps * n_c * n_k * stream + weight_loads * preload) / steps
-            a_loads = clusters * steps * n_k if m.tile_row * kt <= ib_words else tiles * rounds
-            a_gb, b_gb = a_loads * m.tile_row * kt, b_loads * kt * ct
-            energy += (a_gb + b_gb) * gb.read_pj + a_gb * ib.write_pj
-            energy += tiles * rounds * m.tile_row * kt * ib.read_pj
-            energy += b_gb * (wb.write_pj + wb.read_pj)
-            energy += tiles * m.tile_row * ct * k_folds * (ob.write_pj + ob.read_pj)
-            resource = "systolic"
-        else:
-            r = rates[i]
-            cyc = -(-points // hw.simd_width) * r.body_cycles
-            cyc += -(-out_points // hw.simd_width) * r.out_cycles
-            energy += clusters * steps * (points * r.body_pj + out_points * r.out_pj)
-            in_words = clusters * steps * sum(_points_of(problem, m, t) for t in st.inputs)
-            lvl = near if fused else gb
-            energy += in_words * lvl.read_pj + clusters * steps * out_points * lvl.write_pj
-            resource = "simd"
-        energy += words * dram_pj
-        words_total += words
-        if fused:
-            stage_cycles[resource] += cyc
-        else:
-            unfused_cycles += pipelined([words / steps / dram_wpc, cyc], steps, True)
-    if fused:
-        dram_step = words_total / steps / dram_wpc
-        return bind_latency(m.binding, dram_step, *stage_cycles.values(), steps), energy
-    return unfused_cycles, energy
-
-
 def pareto_front(points: Sequence[Scored]) -> tuple[Scored, ...]:
     """The points no other point beats in both latency and energy, by latency."""
     front: list[Scored] = []
@@ -196,8 +100,6 @@ ProblemSpec = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...]]
 
 def problem_spec(problem: Problem) -> ProblemSpec:
     """A small picklable key that rebuilds ``problem`` (see :func:`make_problem`)."""
-    from fusekit.ir import format_op
-
     ops = tuple(format_op(s.op) for s in problem.stages)
     return problem.name, ops, tuple(problem.extents.items())
 
@@ -231,7 +133,7 @@ def evaluate_chunk(
     """
     spec, hw, mappings, prune = item
     problem = _problem(spec)
-    rates = simd_rates(problem, hw)  # once per chunk
+    prepared = prepare(problem, hw)  # once per chunk
     fronts: dict[Fusion, list[Scored]] = {}
     best: dict[Fusion, dict[Objective, Scored]] = {}
     evaluated = 0
@@ -250,7 +152,7 @@ def evaluate_chunk(
                 m.tile_red,
             )
             if key not in bounds:
-                bounds[key] = lower_bound(problem, hw, m, rates)
+                bounds[key] = lower_bound(problem, hw, m, prepared.rates)
             lb = Scored(m, *bounds[key])
             if prune == "pareto":
                 if lb.edp >= mine["edp"].edp and any(
@@ -260,7 +162,7 @@ def evaluate_chunk(
                     continue
             elif lb.score(prune) >= mine[prune].score(prune):
                 continue
-        b = evaluate(problem, hw, m, rates)
+        b = evaluate(problem, hw, m, prepared)
         evaluated += 1
         s = Scored(m, b.latency_cycles, b.energy_pj)
         if not any(
