@@ -188,7 +188,7 @@ def entities_shaped(name: str, seed: int = 0, scale: float = 1.0) -> EntityGraph
     head = perm[zipf(nodes, triples, 0.8, rng)]
     tail = perm[zipf(nodes, triples, 0.8, rng)]
     labelled = rng.choice(nodes, size=max(2, nodes // 10), replace=False)
-    y = rng.integers(0, classes, size=labelled.shape[0])
+    y = rng.integers(0, classes, size=(labelled.shape[0],))
     cut = int(0.8 * labelled.shape[0])
     split = (labelled[:cut], y[:cut], labelled[cut:], y[cut:])
     return _from_triples(
@@ -293,9 +293,9 @@ def raw_arrays(folder: str | Path) -> dict[str, np.ndarray]:
         "head": np.array([nodes[h] for h, _, _ in triples], dtype=np.int32),
         "relation": np.array([rels[r] for _, r, _ in triples], dtype=np.int32),
         "tail": np.array([nodes[t] for _, _, t in triples], dtype=np.int32),
-        "num_nodes": np.int64(len(nodes)),
-        "num_relations": np.int64(len(rels)),
-        "num_classes": np.int64(len(classes)),
+        "num_nodes": np.array(len(nodes), dtype=np.int64),
+        "num_relations": np.array(len(rels), dtype=np.int64),
+        "num_classes": np.array(len(classes), dtype=np.int64),
         "train_idx": train_idx,
         "train_y": train_y,
         "test_idx": test_idx,

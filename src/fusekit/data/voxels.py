@@ -100,7 +100,8 @@ def lidar_scan(name: str = LIDAR_SCANS[0]) -> VoxelScan:
 
 @cache
 def _shipped(name: str) -> np.ndarray:
-    return np.load(FILES / f"lidar_{name}.npz", allow_pickle=False)["coords"].astype(np.int64)
+    coords: np.ndarray = np.load(FILES / f"lidar_{name}.npz", allow_pickle=False)["coords"]
+    return coords.astype(np.int64)
 
 
 def lidar_like(

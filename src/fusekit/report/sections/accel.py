@@ -54,7 +54,7 @@ def comet_blocks(case: Path, title: str) -> tuple[Table, ...]:
     """
     from fusekit.accel.comet import evaluate
 
-    out = evaluate(case)
+    out: dict[str, Any] = evaluate(case)
     nest = [
         ("  " * int(r["depth"]) + str(r["node"]), r["type"], _loops(r), r.get("cycles"))
         for r in out["nest"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fusekit.report.charts import bar_chart
@@ -57,10 +58,10 @@ def _hf_experts(moe: Any) -> Any:
     try:
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralExperts
-        from transformers.utils import logging as hf_logging
     except ImportError:
         return None
-    hf_logging.set_verbosity_error()  # a standalone experts module is expected here
+    # transformers warns about a standalone experts module, which is what is wanted here
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     config = MixtralConfig(
         hidden_size=moe.hidden_size,
         intermediate_size=moe.ffn_size,
@@ -86,13 +87,11 @@ def _moe_rows(repeats: int) -> list[dict[str, Any]]:
         weights, chosen = batch.route()
         moe = MoE(hidden, ffn, experts, top_k)
         impls: dict[str, Callable[[], torch.Tensor]] = {
-            "fusekit MoE": lambda m=moe, w=weights, c=chosen, x=batch.x: m.experts(x, c, w)
+            "fusekit MoE": partial(moe.experts, batch.x, chosen, weights)
         }
         hf = _hf_experts(moe)
         if hf is not None:
-            impls["HF Mixtral experts loop"] = lambda h=hf, w=weights, c=chosen, x=batch.x: h(
-                x, c, w
-            )
+            impls["HF Mixtral experts loop"] = partial(hf, batch.x, chosen, weights)
         with torch.no_grad():
             expected = impls.get("HF Mixtral experts loop", impls["fusekit MoE"])()
             for name, fn in impls.items():
@@ -189,8 +188,9 @@ def _conv_rows(repeats: int) -> list[dict[str, Any]]:
         )
     rows = []
     with torch.no_grad():
-        expected = impls["fusekit SubMConv3d"]() if peer is None else None
-        if peer is not None:  # spconv's CPU kernels race on several threads: its 1-thread answer
+        if peer is None:
+            expected = impls["fusekit SubMConv3d"]()
+        else:  # spconv's CPU kernels race on several threads: its 1-thread answer
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             expected = impls["spconv SubMConv3d"]()
