@@ -129,7 +129,7 @@ def measure() -> Measurements:
     """Time a streaming copy, an fp32 GEMM and a tiny op with torch on this CPU.
 
     Returns:
-        The measured rates; takes about 1-2 s on a 2-core machine.
+        The measured rates.
     """
     start = time.perf_counter()
     copy = copy_bytes_per_s()

@@ -431,8 +431,8 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()[0]
 
 
-#: groups that move at most this many bytes run serially: an OpenMP region costs about 20 us
-#: (waking the sleeping pool and joining it), the time to stream 256 KiB at 12 GB/s
+#: groups that move at most this many bytes run serially: waking the sleeping OpenMP pool and
+#: joining it costs about as long as streaming them
 SERIAL_MAX_BYTES = 256 * 1024
 
 
