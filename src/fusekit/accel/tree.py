@@ -269,6 +269,14 @@ class TreeNode:
         return self.kind == "tile" and bool(self.children) and self.children[0].kind == "op"
 
 
+def pre_order(node: TreeNode) -> list[TreeNode]:
+    """``node`` and its descendants, parents before children, children left to right."""
+    out = [node]
+    for c in node.children:
+        out += pre_order(c)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TreeMapping:
     """A hierarchy, an op chain and a mapping tree over them."""

@@ -21,9 +21,9 @@ from fusekit.accel.comet.files import read_case
 from fusekit.accel.compat import DEVIATIONS as DEVIATIONS
 from fusekit.accel.compat import Compat as Compat
 from fusekit.accel.noc import MeshShapeError as MeshShapeError
-from fusekit.accel.tree_model import FitError as CometFitError
-from fusekit.accel.tree_model import TreeModelError as CometModelError
-from fusekit.accel.tree_model import analyse
+from fusekit.accel.tree_model.records import FitError as CometFitError
+from fusekit.accel.tree_model.records import TreeModelError as CometModelError
+from fusekit.accel.tree_model.stages import analyse
 
 __all__ = [
     "DEVIATIONS",

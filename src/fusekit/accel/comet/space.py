@@ -43,7 +43,10 @@ import yaml
 from fusekit.accel.comet.files import _load, read_arch, read_mapping, read_problem
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import Hierarchy, TreeMapping, tree_to_dict
-from fusekit.accel.tree_model import FitError, analyse, fit_check, ideal_op_cycles
+from fusekit.accel.tree_model.compute import ideal_op_cycles
+from fusekit.accel.tree_model.fit import fit_check
+from fusekit.accel.tree_model.records import FitError
+from fusekit.accel.tree_model.stages import analyse
 
 LEVELS = ("DRAM_temporal", "DRAM_spatial_X", "DRAM_spatial_Y", "GB_temporal", "GB_spatial_X",
           "GB_spatial_Y", "Core_temporal", "Compute")  # fmt: skip

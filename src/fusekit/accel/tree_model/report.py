@@ -1,0 +1,185 @@
+r"""Stage 6, the report: COMET's per-unit cycle table, per-level energy rows and the loop nest.
+
+Per node shown (a collective, a spatial tile, a leaf tile) and per group of levels it moves
+data through, times the iterations of the nodes above it:
+
+* CS, the ramps: the largest ramp-up plus ramp-down over the levels, per port;
+* OS, the exposed transfers: the node's cycles less its ramps and compute window (a
+  collective: its cycles);
+* TMW, the compute: a leaf's compute window, under its op's name.
+
+The total cycles are the table's sum (COMET's binary) or the root node's cycles (native); the
+total energy is the float32 sum of the energy rows.
+"""
+
+from __future__ import annotations
+
+from fusekit.accel.compat import Compat
+from fusekit.accel.tree import TreeNode, pre_order
+from fusekit.accel.tree_model.compute import ideal_op_cycles
+from fusekit.accel.tree_model.energy import Energy
+from fusekit.accel.tree_model.records import f32
+from fusekit.accel.tree_model.steady import SteadyState
+
+
+def report(
+    ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat
+) -> dict[str, object]:
+    """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows."""
+    table, total = unit_cycles(ss, en, root, compat)
+    energy = level_energy(ss, en, root, calc_noc)
+    e_total = f32(0)
+    for k in sorted(energy):
+        e_total = f32(e_total + energy[k])
+    units = {
+        k: {**{p: v for p, v in sorted(row.items())}, "total": sum(row.values())}
+        for k, row in sorted(table.items())
+    }
+    ideal, utilisation = ideal_compute(ss, root)
+    return {
+        "total_cycles": total if compat.unit_sum_total else ss.node_cost[root.id],
+        "total_energy_pj": float(e_total),
+        "cycles": units,
+        "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
+        "root_cycles": ss.node_cost[root.id],
+        "nest": loop_nest(ss, en, root),
+        "ideal_cycles": ideal,
+        "utilisation": utilisation,
+    }
+
+
+def unit_cycles(
+    ss: SteadyState, en: Energy, root: TreeNode, compat: Compat
+) -> tuple[dict[str, dict[str, int]], int]:
+    """The per-unit table (unit -> CS, OS, TMW cycles) and its sum (module docstring)."""
+    table: dict[str, dict[str, int]] = {}
+    total = 0
+    for node in pre_order(root):
+        if not (node.kind == "collective" or (node.kind == "tile" and
+                                              (node.spatial or node.is_leaf_tile))):  # fmt: skip
+            continue
+        its = en.parent_iters.get(node.id, 1) & 0xFFFFFFFF
+        for levels in ss.level_cost.get(node.id, {}).values():
+            cs = [0, 0]
+            os_ = 0
+            comp = 0
+            names = []
+            for lv, cv in sorted(levels.items(), key=lambda kv: ss.rank(kv[0])):
+                names.append(lv)
+                for idx in (0, 1):
+                    cs[idx] = max(cs[idx], cv[idx].ramp_up + cv[idx].ramp_down)
+                    os_ = max(os_, cv[idx].cumm)
+                comp = max(comp, cv[0].compute_time, cv[1].compute_time)
+            if node.kind == "collective":
+                key = f"{node.col_type.upper()}-{node.id}"
+                total += (cs[0] + cs[1] + os_) * its
+                row = table.setdefault(key, {})
+                row["OS"] = row.get("OS", 0) + (cs[0] + cs[1] + os_) * its
+                continue
+            os_ = max(ss.node_cost[node.id] - cs[0] - cs[1] - comp, 0)
+            key = "".join(f"{n}-" for n in names)
+            total += (cs[0] + cs[1] + os_) * its
+            row = table.setdefault(key, {})
+            row["CS"] = row.get("CS", 0) + (cs[0] + cs[1]) * its
+            row["OS"] = row.get("OS", 0) + (os_ if compat.unscaled_os else os_ * its)
+            if node.is_leaf_tile:
+                total += comp * its
+                table.setdefault(node.children[0].op_name, {})["TMW"] = comp * its
+    return table, total
+
+
+def level_energy(ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool) -> dict[str, f32]:
+    """COMET's energy rows: per level (a compute level per op), then the routers' if asked."""
+    energy: dict[str, f32] = {}
+    for node in pre_order(root):
+        if node.kind not in ("tile", "collective"):
+            continue
+        for lv, e in sorted(en.level_pj.get(node.id, {}).items(), key=lambda kv: ss.rank(kv[0])):
+            level = ss.arch.levels[lv]
+            key = f"{lv}-{node.children[0].op_name}" if (
+                node.is_leaf_tile and level.is_compute) else lv  # fmt: skip
+            energy[key] = f32(float(energy.get(key, f32(0))) + e)
+        if calc_noc:
+            for name, e in sorted(en.noc_pj.get(node.id, {}).items()):
+                key = f"{name}-{node.col_type.upper()}" if node.kind == "collective" else name
+                energy[key] = f32(float(energy.get(key, f32(0))) + e)
+    return energy
+
+
+def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict[str, float]]:
+    r"""COMET's ideal compute cycles per op (:func:`.compute.ideal_op_cycles`) and utilisation.
+
+    .. math::
+
+        u_{unit} = \sum_{op \text{ on unit}} t_{op} / t_{root}
+    """
+    ideal = ideal_op_cycles(ss.inp, not ss.compat.simd_constants)
+    unit_of = {
+        node.children[0].op_name: node.childs[0] for node in pre_order(root) if node.is_leaf_tile
+    }
+    util: dict[str, float] = {}
+    total = ss.node_cost[root.id] or 1
+    for op_name, t in ideal.items():
+        u = unit_of[op_name]
+        util[u] = float(f32(f32(util.get(u, 0.0)) + f32(f32(t) / f32(total))))
+    return ideal, dict(sorted(util.items()))
+
+
+def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, object]]:
+    """What an architect reads, per node in pre-order (Timeloop's loop-nest view).
+
+    Each tile node: its loops (per tensor: dim -> factor, temporal or spatial, at ``target ->
+    child``), its accesses (per level: tensor, reads or writes of ``count`` tiles of ``tile``
+    elements of ``bits`` bits, and the resulting bytes), its cycles and its energy by level.
+    Collectives: kind, tensor, level, cycles (per iteration) and iterations.
+    """
+    out: list[dict[str, object]] = []
+
+    def walk(node: TreeNode, depth: int) -> None:
+        rec: dict[str, object] = {"node": node.label, "depth": depth}
+        rec.update(_nest_record(ss, en, node))
+        if node.id in en.level_pj:
+            rec["energy_pj"] = {**en.level_pj[node.id], **en.noc_pj.get(node.id, {})}
+        out.append(rec)
+        for c in node.children:
+            walk(c, depth + 1)
+
+    walk(root, 0)
+    return out
+
+
+def _nest_record(ss: SteadyState, en: Energy, node: TreeNode) -> dict[str, object]:
+    """One node's line of the loop nest (see :func:`loop_nest`)."""
+    prob = ss.inp.problem
+    if node.kind == "tile":
+        return {
+            "type": "spatial" if node.spatial else "temporal",
+            "loops": [
+                {
+                    "tensor": prob.tensors[tid], "tag": node.tags[t],
+                    "from": node.targets[t], "to": node.childs[t], "bits": node.scale[t],
+                    "factors": [{prob.dims[d]: v for d, v in f.items() if v != 1}
+                                for f in node.tilings[t]],
+                }
+                for t, tid in enumerate(node.tensors)
+            ],
+            "accesses": [
+                {
+                    "level": a.level.name, "tensor": prob.tensors[a.tid], "tag": a.tag,
+                    "role": "compute" if a.compute else ("target" if a.at_target else "child"),
+                    "write": a.rw if not a.compute else None, "count": a.count,
+                    "tile_elems": a.tile * a.proj_count,
+                    "bytes": a.count * a.tile * a.proj_count * a.precision // 8,
+                }
+                for a in ss.accesses.get(node.id, [])
+            ],
+            "cycles": ss.node_cost.get(node.id),
+        }  # fmt: skip
+    if node.kind == "collective":
+        return {"type": node.col_type, "tensor": prob.tensors[node.in_tensor],
+                "level": node.target, "cycles": ss.node_cost.get(node.id),
+                "iterations": en.parent_iters.get(node.id, 1)}  # fmt: skip
+    if node.kind == "op":
+        return {"type": "op", "op": node.op_name, "op_type": node.op_type,
+                "primitive": {prob.dims[d]: v for d, v in node.primitive.items()}}  # fmt: skip
+    return {"type": node.binding}

@@ -1,0 +1,383 @@
+"""Stage 4, the steady state: cycles of every node and the accesses it makes, post-order.
+
+Per tile node and tensor, the memory and network cycles of every iteration are set against the
+child's compute window (stalls, ramp-up of the first read, ramp-down of the last write,
+:mod:`.transfers`), merged per target level and port (:mod:`.merge`); a node's cycles are the
+compute window plus ramps plus stalls; a temporal node with sequential children sums them;
+a collective costs its own cycles (:mod:`.collectives`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from fusekit.accel.compat import Compat
+from fusekit.accel.noc import MeshShapeError
+from fusekit.accel.tree import TreeMapping, TreeNode
+from fusekit.accel.tree_model.collectives import collective_cost
+from fusekit.accel.tree_model.compute import MAC_PJ, compute_cycles
+from fusekit.accel.tree_model.fit import binding_of
+from fusekit.accel.tree_model.merge import merge_levels, node_cycles
+from fusekit.accel.tree_model.records import (
+    Access,
+    Children,
+    Cost,
+    LevelCosts,
+    Moves,
+    Nests,
+    PortCosts,
+    TreeModelError,
+    f32,
+)
+from fusekit.accel.tree_model.transfers import Transfers
+
+#: A tile node's memory windows: each child (or group of bound children) and its cycles.
+Windows = list[tuple[Children, int]]
+#: A node's level costs, by the child (op or collective id) or children (their ids) they serve.
+NodeLevels = dict[int | tuple[int, ...], LevelCosts]
+#: Per (tensor id, op tag): a count (reuse factor, distinct tiles, ramp cycles).
+PerTensor = dict[tuple[int, str], int]
+
+
+class SteadyState:
+    """Stage 4 (see the module docstring): cycles of every node, and the accesses they make."""
+
+    def __init__(
+        self,
+        inp: TreeMapping,
+        nests: Nests,
+        moves: Moves,
+        compat: Compat,
+        memo: dict[tuple[Any, ...], Any] | None = None,
+    ) -> None:
+        self.inp, self.arch, self.nests, self.moves = inp, inp.arch, nests, moves
+        self.memo = memo
+        self.compat = compat
+        self.transfers = Transfers(inp.arch, nests, moves, generalise=not compat.mesh_table)
+        self.node_cost: dict[int, int] = {}
+        self.level_cost: dict[int, NodeLevels] = {}
+        self.reuse: dict[int, PerTensor] = {}
+        self.actual: dict[int, PerTensor] = {}
+        self.ramp_up: dict[int, PerTensor] = {}
+        self.ramp_down: dict[int, PerTensor] = {}
+        self.accesses: dict[int, list[Access]] = {}
+        self.col_energy: dict[int, tuple[float, float]] = {}  # memory pJ, network pJ
+
+    def rank(self, name: str) -> int:
+        """COMET orders its per-level maps by level creation."""
+        return self.arch.levels[name].rank
+
+    # -- windows -------------------------------------------------------------------------------
+
+    def _strip_ramps(self, parent: TreeNode, child: TreeNode, win: list[int]) -> None:
+        """Reads hidden by the parent's reuse: their ramp-up is not paid on reused iterations."""
+        for key, f in sorted(self.reuse.get(parent.id, {}).items()):
+            if (f != 1 and key in self.reuse.get(child.id, {})
+                    and self.actual.get(child.id, {}).get(key) == 1):  # fmt: skip
+                up = self.ramp_up.get(child.id, {}).get(key, 0)
+                for i in range(len(win)):
+                    if i % f:
+                        win[i] = (win[i] - up) & 0xFFFFFFFF
+
+    def window_vector(self, parent: TreeNode, children: Children, win: list[int]) -> None:
+        """COMET's memory windows of a node's children, less reused reads' ramp-ups."""
+        if isinstance(children, list):
+            for c in children:
+                self._strip_ramps(parent, c, win)
+            return
+        child = children
+        if child.kind == "tile" and child.is_leaf_tile:
+            self._strip_ramps(parent, child, win)
+            return
+        for c in child.children:
+            for key, f in sorted(self.reuse.get(parent.id, {}).items()):
+                if (f != 1 and key in self.reuse.get(c.id, {})
+                        and self.actual.get(c.id, {}).get(key) == 1):  # fmt: skip
+                    up = self.ramp_up.get(c.id, {}).get(key, 0)
+                    for i in range(len(win)):
+                        if i % f:
+                            win[i] = (win[i] - up) & 0xFFFFFFFF
+                    self.window_vector(parent, list(c.children), win)
+
+    def port_use(self, children: Children) -> dict[str, dict[int, int]]:
+        """Cycles the children's transfers hold each port of a shared-port level."""
+        out: dict[str, dict[int, int]] = {}
+
+        def add(levels: LevelCosts) -> None:
+            for lv, cv in sorted(levels.items(), key=lambda kv: self.rank(kv[0])):
+                for idx in (0, 1):
+                    ports = out.setdefault(lv, {})
+                    v = cv[idx].cumm + (cv[idx].ramp_up if idx == 0 else cv[idx].ramp_down)
+                    ports[1 - idx] = ports.get(1 - idx, 0) + v
+
+        def add_node(n: TreeNode) -> None:
+            for levels in self.level_cost.get(n.id, {}).values():
+                add(levels)
+
+        if isinstance(children, list):
+            for c in children:
+                add_node(c)
+        elif children.kind == "collective" or children.is_leaf_tile:
+            add_node(children)
+        else:
+            for c in children.children:
+                if c.kind != "bind":
+                    add_node(c)
+        return out
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    def visit(self, node: TreeNode) -> None:
+        """Post-order walk (COMET's steady-state walker); errors name the node."""
+        try:
+            self._visit(node)
+        except MeshShapeError as e:
+            if str(e).startswith(("DataMovement", "CollectiveOp")):
+                raise
+            raise MeshShapeError(f"{node.label}: {e}") from None
+
+    def _visit(self, node: TreeNode) -> None:
+        if node.kind == "collective":
+            self.visit_collective(node)
+            return
+        if node.kind != "tile":
+            return
+        if node.spatial or node.is_leaf_tile:
+            self._count_reuse(node)
+        bindings = []
+        for c in node.children:
+            if c.kind == "bind":
+                bindings.append(c.binding)
+            self.visit(c)
+        if node.is_leaf_tile:
+            self.visit_leaf(node)
+            return
+        if any(b != "sequential" for b in bindings):
+            raise TreeModelError(
+                f"{node.label}: only sequential bindings are modelled (got {', '.join(bindings)})"
+            )
+        windows: Windows = []
+        if not bindings:
+            child = node.children[-1]
+            if not node.spatial:
+                self.node_cost[node.id] = self.node_cost[child.id]
+                return
+            windows.append((child, self.node_cost[child.id]))
+        else:
+            group: list[TreeNode] = []
+            kids = node.children
+            for i, c in enumerate(kids):
+                if c.kind == "bind" and i % 2 == 0:
+                    found = [x for x in kids[i:] if x.kind in ("tile", "collective")][:2]
+                    for x in found:
+                        if x not in group:
+                            group.append(x)
+            windows.append((group, sum(self.node_cost[x.id] for x in group) & 0xFFFFFFFF))
+        if node.spatial:
+            self.visit_spatial(node, windows)
+        else:
+            self.visit_temporal(node, windows)
+
+    def _count_reuse(self, node: TreeNode) -> None:
+        """Per tensor: the iterations that move a new tile, and the reuse factor between."""
+        nest = self.nests.tiles[node.id]
+        for t, tid in enumerate(node.tensors):
+            key = (tid, node.tags[t])
+            actual = sum(1 for m in self.moves[node.id][t] if m.unique)
+            f = nest.iters[t] // actual if actual else 0
+            self.reuse.setdefault(node.id, {})[key] = f or 1
+            self.actual.setdefault(node.id, {})[key] = actual
+
+    def visit_collective(self, node: TreeNode) -> None:
+        """A collective's cycles on both ports of its level, and its energies."""
+        cyc, memory_pj, network_pj = collective_cost(
+            self.inp, self.nests, node, self.transfers.generalise
+        )
+        both = [Cost(), Cost()]
+        for c in both:
+            c.cumm = c.cumm_stall = cyc
+            c.reuse = 1
+        self.level_cost[node.id] = {node.id: {self.arch.levels[node.target].name: both}}
+        self.node_cost[node.id] = cyc
+        self.col_energy[node.id] = (memory_pj, network_pj)
+
+    def _access(self, node: TreeNode, t: int, c: Cost, level: str, at_target: bool) -> Access:
+        nest = self.nests.tiles[node.id]
+        first = self.moves[node.id][t][0].unique
+        return Access(
+            level=self.arch.levels[level], count=c.access_count, tile=c.tile_size,
+            precision=node.scale[t], rw=nest.rw[t], at_target=at_target, tid=node.tensors[t],
+            rmw=node.rmw[t], proj_count=first or 1, tag=node.tags[t],
+            noc_pj=0.0 if at_target else c.noc_pj,
+        )  # fmt: skip
+
+    def _keep_ramp_ups(self, node: TreeNode, ups: dict[str, PerTensor]) -> None:
+        """Remember the ramp-ups of the target level that pays the most of them."""
+        if not ups:
+            return
+        sums = {lv: sum(v.values()) for lv, v in ups.items()}
+        top = max(sums.values())
+        for lv, s in sums.items():
+            if s == top:
+                self.ramp_up.setdefault(node.id, {}).update(ups[lv])
+
+    def _leaf_key(self, node: TreeNode) -> tuple[Any, ...]:
+        """All a leaf's stage-4 results depend on besides the tree's shape and the arch."""
+        nest, op = self.nests.tiles[node.id], node.children[0]
+        return (
+            node.id, repr(nest.desc), tuple(nest.iters), tuple(nest.rel_ts),
+            tuple(sorted(op.primitive.items())), tuple(sorted(op.red_factors.items())),
+        )  # fmt: skip
+
+    def visit_leaf(self, node: TreeNode) -> None:
+        """A tile node right above an op: its transfers against the op's compute time.
+
+        With a ``memo`` (a tiling sweep over one template, :class:`fusekit.accel.comet.space.
+        Space`), a leaf whose nest another tiling already gave is restored from it: a leaf
+        reads nothing above itself. Energy later scales the accesses, so they are copied.
+        """
+        if self.memo is None:
+            self._visit_leaf(node)
+            return
+        key = self._leaf_key(node)
+        hit = self.memo.get(key)
+        if hit is not None:
+            acc, level_cost, total, down, up = hit
+            self.accesses[node.id] = [replace(a) for a in acc]
+            self.level_cost[node.id] = level_cost
+            self.node_cost[node.id] = total
+            if down is not None:
+                self.ramp_down[node.id] = dict(down)
+            if up is not None:
+                self.ramp_up[node.id] = dict(up)
+            return
+        self._visit_leaf(node)
+        down, up = self.ramp_down.get(node.id), self.ramp_up.get(node.id)
+        self.memo[key] = (
+            [replace(a) for a in self.accesses[node.id]], self.level_cost[node.id],
+            self.node_cost[node.id],
+            None if down is None else dict(down), None if up is None else dict(up),
+        )  # fmt: skip
+
+    def _visit_leaf(self, node: TreeNode) -> None:
+        op = node.children[0]
+        nest = self.nests.tiles[node.id]
+        n_it = max(nest.iters)
+        pairs: PortCosts = {}
+        ups: dict[str, PerTensor] = {}
+        acc: list[Access] = []
+        max_acc = 0
+        for t, tid in enumerate(node.tensors):
+            child = self.arch.levels[node.childs[t]]
+            if not child.is_compute:
+                raise TreeModelError(f"{node.label}: the child of an op's tile must compute")
+            cyc = compute_cycles(child, op, not self.compat.simd_constants)
+            ports = self.transfers.port_costs(node, t, cyc, 0, True, [cyc] * n_it)
+            c = ports[1 if nest.rw[t] else 0]
+            acc.append(self._access(node, t, c, node.targets[t], True))
+            max_acc = max(max_acc, c.access_count)
+            key = (tid, node.tags[t])
+            if nest.rw[t]:
+                self.ramp_down.setdefault(node.id, {})[key] = c.ramp_down
+            else:
+                ups.setdefault(node.targets[t], {})[key] = c.ramp_up
+            pairs.setdefault((node.targets[t], node.childs[t]), []).append(ports)
+        unit = self.arch.levels[node.childs[0]]
+        mac = float(f32(math.prod(op.primitive.values()) * MAC_PJ))
+        acc.append(Access(level=unit, count=max_acc, at_target=False, compute=True,
+                          tag=node.tags[0], op_type=op.op_type, rmw=node.rmw[0],
+                          tid=node.tensors[0], mac_pj=mac))  # fmt: skip
+        self.accesses[node.id] = acc
+        merged = merge_levels(self.arch, n_it, pairs, {})
+        self.level_cost[node.id] = {op.id: merged}
+        self.node_cost[node.id] = node_cycles(self.arch, n_it, merged, self.compat.port_overwrite)
+        self._keep_ramp_ups(node, ups)
+
+    def visit_spatial(self, node: TreeNode, windows: Windows) -> None:
+        """A spatial tile node: its tensors' transfers to the children against their windows."""
+        nest = self.nests.tiles[node.id]
+        n_it = max(nest.iters)
+        seq_parent = binding_of(node, self.compat.binding_misread) == "sequential"
+        self.accesses.setdefault(node.id, [])
+        self.level_cost[node.id] = {}
+        for children, wsum in windows:
+            win = [wsum] * n_it
+            self.window_vector(node, children, win)
+            pairs = self._spatial_pairs(node, children, wsum, win, seq_parent)
+            key = tuple(c.id for c in children) if isinstance(children, list) else children.id
+            shared = any(self.arch.levels[c].attrs.get("parent_child_ports_shared", False)
+                         for c in node.childs)  # fmt: skip
+            use = self.port_use(children) if shared else {}
+            merged = merge_levels(self.arch, n_it, pairs, use)
+            self.level_cost[node.id][key] = merged
+            port_overwrite = self.compat.port_overwrite
+            self.node_cost[node.id] = node_cycles(self.arch, n_it, merged, port_overwrite)
+
+    def _spatial_pairs(self, node: TreeNode, children: Children, wsum: int, win: list[int],
+                       seq_parent: bool) -> PortCosts:  # fmt: skip
+        """The port costs of a spatial node's tensors that reach ``children``."""
+        nest = self.nests.tiles[node.id]
+        acc = self.accesses[node.id]
+        group = children if isinstance(children, list) else [children]
+        pairs: PortCosts = {}
+        ups: dict[str, PerTensor] = {}
+        hit_pair: tuple[str, str] | None = None
+        for child in group:
+            is_tile = child.kind == "tile"
+            hide = is_tile  # a collective child always conflicts with the write-back
+            for t, tid in enumerate(node.tensors):
+                tag = node.tags[t]
+                pair = (node.targets[t], node.childs[t])
+                if not isinstance(children, list):
+                    if is_tile and node.childs[t] in child.targets:
+                        hit_pair = pair
+                    elif not is_tile and node.childs[t] == child.target:
+                        hit_pair = pair
+                    if is_tile and seq_parent:
+                        hide = not nest.dependent[t]
+                elif is_tile:
+                    hide = not nest.dependent[t]
+                hit = (tag in child.tags) if is_tile else (tag == child.tag)
+                if not hit:
+                    continue
+                ports = self.transfers.port_costs(node, t, None, wsum, hide, win)
+                c = ports[1 if nest.rw[t] else 0]
+                acc.append(self._access(node, t, c, node.targets[t], True))
+                acc.append(self._access(node, t, c, node.childs[t], False))
+                if not nest.rw[t]:
+                    ups.setdefault(node.targets[t], {})[(tid, tag)] = c.ramp_up
+                pairs.setdefault(pair, []).append(ports)
+        self._keep_ramp_ups(node, ups)
+        if not isinstance(children, list) and not pairs and hit_pair is not None:
+            n_it = max(nest.iters)
+            dummy = Cost.sized(n_it)
+            dummy.window = [self.node_cost[children.id]] * n_it
+            dummy.compute_time = n_it * self.node_cost[children.id]
+            dummy.reuse = 1
+            pairs[hit_pair] = [[dummy, dummy]]
+        return pairs
+
+    def visit_temporal(self, node: TreeNode, windows: Windows) -> None:
+        """A temporal node over sequential children: their cycles add up."""
+        nest = self.nests.tiles[node.id]
+        self.level_cost.setdefault(node.id, {})
+        total = 0
+        for children, _w in windows:
+            group = children if isinstance(children, list) else [children]
+            for c in group:
+                if c.kind == "collective":
+                    n = max(nest.iters)
+                    cost = Cost.sized(n)
+                    cost.compute_time = n * self.node_cost[c.id]
+                    cost.cumm = n * self.node_cost[c.id]
+                    self.level_cost[node.id][c.id] = {c.target: [cost, cost]}
+        for c in node.children:
+            if c.kind == "bind":
+                continue
+            if c.kind == "collective":
+                total += self.level_cost[node.id][c.id][c.target][0].compute_time
+            else:
+                total += self.node_cost[c.id]
+        self.node_cost[node.id] = total & 0xFFFFFFFF
