@@ -164,7 +164,7 @@ def test_the_input_gradient_plan_swaps_gather_and_scatter_once():
 
 
 def test_sorted_plan_with_more_blocks_than_rows_packs():
-    from fusekit.gms.problem import plan_sorted
+    from fusekit.gms.planning.build import plan_sorted
 
     one = torch.zeros(1, dtype=torch.int64)
     pl = plan_sorted(
@@ -209,7 +209,7 @@ def test_a_mirrored_plan_runs_its_input_gradient_on_itself(segments):
     want = torch.autograd.grad(gms(x, w, pl, None, "G-Mseg-S"), x, ones)[0]
     assert mirrored(pl)
     got = torch.autograd.grad(gms(x, w, pl, None, "(GMS)seg"), x, ones)[0]
-    assert "transposed" not in pl.memo
+    assert pl.derived.transposed is None
     torch.testing.assert_close(got, want)
 
 

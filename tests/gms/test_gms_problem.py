@@ -6,14 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusekit.gms import GMSPlan, GMSProblem, plan
-from fusekit.gms.problem import (
-    block_rows,
-    check_operands,
-    empty_plan,
-    pack,
-    plan_sorted,
-    tiles_of_runs,
-)
+from fusekit.gms.operands import check_operands
+from fusekit.gms.planning.buffers import empty_plan
+from fusekit.gms.planning.build import block_rows, plan_sorted, tiles_of_runs
+from fusekit.gms.planning.layout import pack
 
 
 def small_problem(reduce="sum", e=12):

@@ -39,7 +39,7 @@ import sys
 import torch
 import fusekit.gms.ops  # registers torch.ops.fusekit.gms
 from fusekit.gms import GMSProblem, gms, plan
-from fusekit.gms.problem import GMSPlan
+from fusekit.gms.planning.layout import GMSPlan
 
 torch.manual_seed(0)
 E, N, S, K, M = 60, 12, 3, 5, 7
@@ -265,7 +265,7 @@ def test_a_replaced_plan_runs_what_its_buffer_holds():
 
 
 def test_a_forged_packed_plan_is_validated():
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
     g = torch.arange(6) % 4
     forged = plan(GMSProblem.create(g, g % 2, g, 4)).packed.clone()

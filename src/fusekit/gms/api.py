@@ -4,20 +4,18 @@ r"""The public verb: ``gms(x, w, plan, scale, strategy)``.
 
     Y[d_e, m] \mathrel{\oplus}= c_e \sum_k X[g_e, k] \, W[s_e, k, m]
 
-Importing this module imports neither torch nor numba; the first call registers
-``torch.ops.fusekit.gms`` (see :mod:`fusekit.gms.ops`).
+Importing this module registers ``torch.ops.fusekit.gms`` (see :mod:`fusekit.gms.ops`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from fusekit.errors import expected
+from fusekit.gms import ops  # noqa: F401  (registers torch.ops.fusekit.gms)
 from fusekit.gms.candidates import Dataflow, Order, Strategy
-from fusekit.gms.problem import GMSPlan, check_operands
-
-if TYPE_CHECKING:
-    import torch
+from fusekit.gms.operands import check_operands
+from fusekit.gms.planning.layout import GMSPlan
 
 
 def gms(
@@ -50,12 +48,9 @@ def gms(
         ValueError: a shape, device or layout is wrong, or the strategy is unknown or not valid
             for the plan's reduce.
     """
-    import torch
-
-    from fusekit.gms import ops  # noqa: F401  (registers torch.ops.fusekit.gms)
-
     if not isinstance(plan, GMSPlan):
         raise TypeError(expected("gms", "plan", "a GMSPlan (see fusekit.gms.plan)", type(plan)))
     check_operands(x, w, scale, plan)
     name = strategy if isinstance(strategy, str) else Strategy.parse(strategy).name
-    return torch.ops.fusekit.gms(x, w, scale, plan.packed, plan.n_out, name)
+    out: torch.Tensor = torch.ops.fusekit.gms(x, w, scale, plan.packed, plan.n_out, name)
+    return out

@@ -39,7 +39,7 @@ from fusekit.gms.kernels.cpu.g_mseg_s import (
 from fusekit.gms.kernels.cpu.gm_seg_s import gm_seg_s_cpu, segment_products_cpu
 from fusekit.gms.kernels.cpu.gms_seg import gms_seg_cpu
 from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
-from fusekit.gms.problem import GMSPlan
+from fusekit.gms.planning.layout import GMSPlan
 
 Tensor = torch.Tensor
 

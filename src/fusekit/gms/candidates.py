@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from fusekit.gms.launch import Launch
-from fusekit.gms.problem import SCHEDULES
+from fusekit.gms.planning.format import SCHEDULES
 from fusekit.search.space import Knob, Space
 
 

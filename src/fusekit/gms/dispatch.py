@@ -40,7 +40,8 @@ import torch
 from fusekit.errors import expected
 from fusekit.gms.backends import Backend, VendorGemm, backend_for
 from fusekit.gms.candidates import Dataflow, GemmRows, Order, Strategy, default_strategy
-from fusekit.gms.problem import GMSPlan, OrderPlan, plan_sorted
+from fusekit.gms.planning.build import plan_sorted
+from fusekit.gms.planning.layout import GMSPlan, OrderPlan
 
 
 def gemm_rows(plan: GMSPlan) -> GemmRows:
@@ -85,9 +86,9 @@ def position_scale(
     """The scale of each plan position: ``scale[order[p]]``, times ``1/deg`` for ``mean``."""
     c = scale[plan.order].to(dtype) if scale is not None else None
     if plan.reduce == "mean":
-        norm = plan.memo.get(("norm", dtype))
+        norm = plan.derived.norms.get(dtype)
         if norm is None:
-            norm = plan.memo[("norm", dtype)] = plan.norm.to(dtype)
+            norm = plan.derived.norms[dtype] = plan.norm.to(dtype)
         c = norm if c is None else c * norm
     return c
 
@@ -113,7 +114,7 @@ def mark_mirrored(plan: GMSPlan) -> None:
     submanifold kernel map on voxels in any order (input ``j`` is output ``i``'s neighbour at
     offset ``k`` exactly when ``i`` is ``j``'s at offset ``26 - k``).
     """
-    plan.memo["mirrored"] = True
+    plan.derived.mirrored = True
 
 
 def mirrored(plan: GMSPlan) -> bool:
@@ -121,18 +122,18 @@ def mirrored(plan: GMSPlan) -> bool:
 
     Then the input gradient ``dX[g] += dY[d] @ W[s]^T`` is the forward problem on the plan
     itself with ``W'[s] = W[S - 1 - s]^T``, and :func:`transposed_plan` need not be built.
-    Marked by the builder (:func:`mark_mirrored`), or else checked once per plan (memoised in
-    ``memo["mirrored"]``) position by position: position ``p`` of segment ``s`` mirrors
+    Marked by the builder (:func:`mark_mirrored`), or else checked once per plan (kept in
+    ``plan.derived.mirrored``) position by position: position ``p`` of segment ``s`` mirrors
     ``q = ptr[S-1-s] + p - ptr[s]`` when ``(gather, scatter)[q] = (scatter, gather)[p]``, every
     segment as long as its mirror and as many inputs as outputs. A submanifold kernel map
     written in key order is such a plan (the mirror of a pair has its rank:
     :func:`fusekit.nn.kmap._write_symmetric`). The check costs a few passes over ``E``, far
     less than a transposed plan, and holds whoever built the plan.
     """
-    hit = plan.memo.get("mirrored")
+    hit = plan.derived.mirrored
     if hit is None:
-        hit = plan.memo["mirrored"] = _pairs_mirror(plan)
-    return bool(hit)
+        hit = plan.derived.mirrored = _pairs_mirror(plan)
+    return hit
 
 
 def _pairs_mirror(plan: GMSPlan) -> bool:
@@ -146,7 +147,7 @@ def _pairs_mirror(plan: GMSPlan) -> bool:
 
 
 def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
-    """The plan of the input-gradient problem and ``perm``, computed once per plan (``memo``).
+    """The plan of the input-gradient problem and ``perm``, computed once per plan (``derived``).
 
     The pairs with gather and scatter swapped (``dY`` rows gathered by ``d``, ``dX`` rows
     scattered to by ``g``), sorted by (segment, ``g``) and planned with the forward plan's tile
@@ -154,7 +155,7 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
     blocks own ranges of ``dX`` rows, so (GMS)seg computes ``dX`` without atomics and without the
     ``[E, K]`` pair buffer of a segment GEMM followed by a reduce.
     """
-    cached = plan.memo.get("transposed")
+    cached = plan.derived.transposed
     if cached is None:
         key = plan.segment * (plan.n_in + 1) + plan.gather
         perm = torch.sort(key, stable=True).indices
@@ -174,7 +175,7 @@ def transposed_plan(plan: GMSPlan) -> tuple[GMSPlan, torch.Tensor]:
             schedule=plan.schedule,
             csr=csr,
         )
-        cached = plan.memo["transposed"] = (t_plan, perm)
+        cached = plan.derived.transposed = (t_plan, perm)
     return cached
 
 

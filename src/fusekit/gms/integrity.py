@@ -1,6 +1,6 @@
 """A plan's integrity: every value checked where it comes from outside, edits detected per call.
 
-A :class:`~fusekit.gms.problem.GMSPlan` is immutable by contract; torch cannot enforce it (a
+A :class:`~fusekit.gms.GMSPlan` is immutable by contract; torch cannot enforce it (a
 tensor has no read-only flag), so this module does, in three steps:
 
 1. **admit**: a packed plan is *sealed* when it is made. A builder of this package
@@ -10,21 +10,20 @@ tensor has no read-only flag), so this module does, in three steps:
 2. **seal**: the buffer's version counter, and on the CPU a checksum of its control arrays (header,
    meta, segment pointers, tiles, block and item pointers of the plan and its sub-plans, and the
    plan's CSR pointers: ``O(T + S + B + N)`` values, far fewer than the ``E K M`` multiply-adds of
-   a call: about 1% of a ``(GMS)seg`` call at ``K = M = 16``).
+   a call).
 3. **verify** (:func:`verify`, at every call of ``torch.ops.fusekit.gms``): a moved version (an
    in-place torch edit, of the plan or of any sub-plan: they share the buffer) or a changed
    checksum (a write through ``.data`` or a numpy view, which bypasses the version counter)
-   re-validates the plan, drops what was memoised from its old contents, and re-seals it; a plan
+   re-validates the plan, drops what was derived from its old contents, and re-seals it; a plan
    that no longer holds a consistent problem raises ``ValueError`` naming the array.
 
 What the seal does not cover, the kernels do: an edit of a per-pair array (``gather``,
 ``scatter``, ``order``, ``dst_pos``, a sub-plan's CSR) that bypasses the version counter is not
-detected, but
-every kernel bounds-checks the indices it dereferences, so it can give a different answer, never
-a read or write outside an array. On CUDA the seal is the version counter alone (a checksum would
-synchronise every call).
+detected, but every kernel bounds-checks the indices it dereferences, so it can give a different
+answer, never a read or write outside an array. On CUDA the seal is the version counter alone
+(a checksum would synchronise every call).
 
-Importing this module imports neither torch nor numba.
+Importing this module does not import numba (only CPU plans are checksummed).
 """
 
 from __future__ import annotations
@@ -32,15 +31,88 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
 
 from fusekit.errors import expected
+from fusekit.gms.planning.format import PART_NAMES, PLAN_PARTS
 
 if TYPE_CHECKING:
-    import numpy as np
-    import torch
+    from fusekit.gms.planning.derived import Derived
 
-    from fusekit.gms.problem import GMSPlan, OrderPlan
+
+class _OrderArrays(Protocol):
+    """An order sub-plan as this module reads it (:class:`fusekit.gms.planning.OrderPlan`)."""
+
+    @property
+    def index(self) -> torch.Tensor: ...
+    @property
+    def plan(self) -> _PlanArrays: ...
+
+
+class _PlanArrays(Protocol):
+    """A plan as this module reads it (:class:`fusekit.gms.GMSPlan`, whose module seals here)."""
+
+    @property
+    def num_pairs(self) -> int: ...
+    @property
+    def n_in(self) -> int: ...
+    @property
+    def n_out(self) -> int: ...
+    @property
+    def num_segments(self) -> int: ...
+    @property
+    def reduce(self) -> str: ...
+    @property
+    def tile_rows(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def num_tiles(self) -> int: ...
+    @property
+    def order(self) -> torch.Tensor: ...
+    @property
+    def gather(self) -> torch.Tensor: ...
+    @property
+    def segment(self) -> torch.Tensor: ...
+    @property
+    def scatter(self) -> torch.Tensor: ...
+    @property
+    def norm(self) -> torch.Tensor: ...
+    @property
+    def segment_ptr(self) -> torch.Tensor: ...
+    @property
+    def tile_segment(self) -> torch.Tensor: ...
+    @property
+    def tile_start(self) -> torch.Tensor: ...
+    @property
+    def tile_end(self) -> torch.Tensor: ...
+    @property
+    def block_ptr(self) -> torch.Tensor: ...
+    @property
+    def item_ptr(self) -> torch.Tensor: ...
+    @property
+    def dst_ptr(self) -> torch.Tensor: ...
+    @property
+    def dst_pos(self) -> torch.Tensor: ...
+    @property
+    def src_ptr(self) -> torch.Tensor: ...
+    @property
+    def src_pos(self) -> torch.Tensor: ...
+    @property
+    def aggregate(self) -> _OrderArrays | None: ...
+    @property
+    def transform(self) -> _OrderArrays | None: ...
+    @property
+    def buffer(self) -> torch.Tensor | None: ...
+    @property
+    def derived(self) -> Derived[Any]: ...
+    def reread(self) -> _PlanArrays:
+        """The plan its buffer holds now, the layout parsed again."""
+        ...
+
 
 #: Fields whose values steer the kernels' loops, of O(T + S + B) values: checksummed per call on
 #: the CPU, in the plan and in its order sub-plans.
@@ -75,7 +147,7 @@ _SEALS: dict[int, tuple[weakref.ref[Any], Seal]] = {}
 _LOCK = threading.RLock()
 
 
-def admit(plan: GMSPlan, *, trusted: bool) -> None:
+def admit(plan: _PlanArrays, *, trusted: bool) -> None:
     """Seal a freshly parsed top-level plan, validating it first unless a builder made it.
 
     A buffer whose seal is still good (same version, same checksum) is not validated again.
@@ -95,11 +167,11 @@ def admit(plan: GMSPlan, *, trusted: bool) -> None:
         _store(buffer, _make_seal(buffer))
 
 
-def verify(plan: GMSPlan) -> None:
+def verify(plan: _PlanArrays) -> None:
     """Check, before a call runs, that ``plan`` still holds what it was admitted with.
 
     O(1) for the version; on the CPU a checksum of the control arrays. A plan changed since is
-    validated again (its memo and its sub-plans' memos dropped first) and re-sealed.
+    validated again (what was derived on it and on its sub-plans dropped first) and re-sealed.
 
     Raises:
         ValueError: the plan was changed into an inconsistent one, or its sizes changed under
@@ -115,9 +187,7 @@ def verify(plan: GMSPlan) -> None:
         seal = _seal_of(buffer)
         if seal is not None and _intact(buffer, seal):
             return
-        from fusekit.gms.problem import GMSPlan
-
-        fresh = GMSPlan._parse(buffer)  # the layout as the buffer holds it now
+        fresh = plan.reread()  # the layout as the buffer holds it now
         if _sizes(fresh) != _sizes(plan):
             raise ValueError(
                 expected(
@@ -132,17 +202,17 @@ def verify(plan: GMSPlan) -> None:
         _store(buffer, _make_seal(buffer))
 
 
-def trust_copy(source: GMSPlan, copy: torch.Tensor) -> None:
+def trust_copy(source: _PlanArrays, copy: torch.Tensor) -> None:
     """Seal ``copy``, a ``.to(device)`` of ``source``'s verified buffer, without validating it."""
     verify(source)
     with _LOCK:
         _store(copy, _make_seal(copy))
 
 
-def _sizes(plan: GMSPlan) -> tuple[Any, ...]:
+def _sizes(plan: _PlanArrays) -> tuple[Any, ...]:
     """Everything a parsed plan object fixed from its buffer's header and meta."""
 
-    def one(p: GMSPlan) -> tuple[Any, ...]:
+    def one(p: _PlanArrays) -> tuple[Any, ...]:
         pointers = (int(p.block_ptr.shape[0]), int(p.item_ptr.shape[0]))
         sizes = (p.num_pairs, p.n_in, p.n_out, p.num_segments, p.num_tiles)
         return (*sizes, p.reduce, p.tile_rows, p.schedule, *pointers)
@@ -154,13 +224,12 @@ def _sizes(plan: GMSPlan) -> tuple[Any, ...]:
     return (*one(plan), *subs)
 
 
-def _forget(plan: GMSPlan) -> None:
-    """Drop what was memoised from the plan's old contents, sub-plans included."""
-    plan.memo.clear()
-    plan.memo["buffer version"] = plan.buffer._version if plan.buffer is not None else None
+def _forget(plan: _PlanArrays) -> None:
+    """Drop what was derived from the plan's old contents, sub-plans included."""
+    plan.derived.reset(plan.buffer._version if plan.buffer is not None else None)
     for sub in (plan.aggregate, plan.transform):
         if sub is not None:
-            sub.plan.memo.clear()
+            sub.plan.derived.reset()
 
 
 def _seal_of(buffer: torch.Tensor) -> Seal | None:
@@ -191,8 +260,6 @@ def _intact(buffer: torch.Tensor, seal: Seal) -> bool:
 
 
 def _make_seal(buffer: torch.Tensor) -> Seal:
-    import numpy as np
-
     if buffer.device.type != "cpu":
         return Seal(buffer._version, None, None, None)
     starts, ends = _control_ranges(buffer)
@@ -202,17 +269,12 @@ def _make_seal(buffer: torch.Tensor) -> Seal:
 
 def _control_ranges(buffer: torch.Tensor) -> tuple[list[int], list[int]]:
     """``[start, end)`` ranges of the header and of every control array, adjacent ones merged."""
-    from fusekit.gms.problem import _TENSOR_FIELDS
-
     count = int(buffer[1])
     lengths = buffer[2 : 2 + count].tolist()
-    names = ["meta", *_TENSOR_FIELDS]
-    top = len(names)
-    per_part = names + ["index", *names] * 2
     starts, ends = [0], [2 + count]
     offset = 2 + count
-    for i, (name, length) in enumerate(zip(per_part, lengths, strict=True)):
-        control = TOP_CONTROL_FIELDS if i < top else CONTROL_FIELDS
+    for i, (name, length) in enumerate(zip(PART_NAMES, lengths, strict=True)):
+        control = TOP_CONTROL_FIELDS if i < len(PLAN_PARTS) else CONTROL_FIELDS
         if name in control and length:
             if starts and ends[-1] == offset:
                 ends[-1] = offset + length
@@ -224,6 +286,7 @@ def _control_ranges(buffer: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def _checksum(buffer: torch.Tensor, seal: Seal) -> int:
+    # (d) numba loads only where a CPU plan is sealed: a CUDA process never needs it
     from fusekit.gms.kernels.cpu.checks import range_checksum
 
     return int(range_checksum(buffer.detach().numpy(), seal.starts, seal.ends))
@@ -234,7 +297,7 @@ def _checksum(buffer: torch.Tensor, seal: Seal) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def validate(plan: GMSPlan) -> None:
+def validate(plan: _PlanArrays) -> None:
     """Check that a plan holds a consistent problem, as :func:`fusekit.gms.plan` makes them.
 
     Indices in range; ``order`` a permutation; pairs sorted by segment with ``segment_ptr``
@@ -262,8 +325,6 @@ def _fail(name: str, want: str, got: Any) -> ValueError:
 
 
 def _ptr(counts: torch.Tensor) -> torch.Tensor:
-    import torch
-
     return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
 
 
@@ -277,8 +338,6 @@ def _in_range(t: torch.Tensor, high: int, name: str) -> None:
 
 
 def _permutation(t: torch.Tensor, n: int, name: str) -> None:
-    import torch
-
     _in_range(t, n, name)
     if n and int(torch.bincount(t, minlength=n).max()) != 1:
         raise _fail(name, f"a permutation of [0, {n})", "a repeated index")
@@ -289,9 +348,7 @@ def _pointer(ptr: torch.Tensor, last: int, name: str) -> None:
         raise _fail(name, f"non-decreasing from 0 to {last}", ptr[:8].tolist())
 
 
-def _check_plan(p: GMSPlan, name: str) -> None:
-    import torch
-
+def _check_plan(p: _PlanArrays, name: str) -> None:
     e, n_tiles = p.num_pairs, p.num_tiles
     for field in ("block_ptr", "item_ptr"):
         t = getattr(p, field)
@@ -319,9 +376,7 @@ def _check_plan(p: GMSPlan, name: str) -> None:
         raise _fail(f"{name}.norm", "1 / deg(scatter row) of each pair", "other weights")
 
 
-def _check_tiles(p: GMSPlan, name: str) -> None:
-    import torch
-
+def _check_tiles(p: _PlanArrays, name: str) -> None:
     seg, lo, hi, e = p.tile_segment, p.tile_start, p.tile_end, p.num_pairs
     if seg.numel() == 0:
         if e:
@@ -341,10 +396,8 @@ def _check_tiles(p: GMSPlan, name: str) -> None:
         raise _fail(f"{name}.tile_segment", "the segment of the tile's pairs", "another")
 
 
-def _check_blocks(p: GMSPlan, name: str) -> None:
+def _check_blocks(p: _PlanArrays, name: str) -> None:
     """Blocks own disjoint, ascending ranges of output rows (tiles already cover every pair)."""
-    import torch
-
     if p.num_pairs == 0:
         return
     lo, hi = p.tile_start, p.tile_end
@@ -373,8 +426,6 @@ def _check_csr(
     ptr: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, n: int, name: str
 ) -> torch.Tensor:
     """Check ``(ptr, pos)`` lists the positions of each row; return the rows' degrees."""
-    import torch
-
     deg = torch.bincount(rows, minlength=n)
     if not torch.equal(ptr, _ptr(deg)):
         raise _fail(f"{name}_ptr", "the rows' pair counts, accumulated", ptr[:8].tolist())
@@ -385,7 +436,9 @@ def _check_csr(
     return deg
 
 
-def _check_sub(base: GMSPlan, order: OrderPlan, name: str, n_in: int | None, n_out: int) -> None:
+def _check_sub(
+    base: _PlanArrays, order: _OrderArrays, name: str, n_in: int | None, n_out: int
+) -> None:
     sub = order.plan
     _check_plan(sub, f"{name}.plan")
     want = (n_in, n_out, base.num_segments, "sum")
@@ -394,10 +447,8 @@ def _check_sub(base: GMSPlan, order: OrderPlan, name: str, n_in: int | None, n_o
         raise _fail(f"{name}.plan", f"(n_in, n_out, num_segments, reduce) = {want}", got)
 
 
-def _check_aggregate(base: GMSPlan, order: OrderPlan) -> None:
+def _check_aggregate(base: _PlanArrays, order: _OrderArrays) -> None:
     """Groups of equal (segment, scatter row); the sub-problem's row ``u`` is group ``u``."""
-    import torch
-
     name, sub, index = "plan.aggregate", order.plan, order.index
     u = sub.num_pairs
     _check_sub(base, order, name, u, base.n_out)
@@ -416,10 +467,8 @@ def _check_aggregate(base: GMSPlan, order: OrderPlan) -> None:
         raise _fail(f"{name}.index", "groups of equal (segment, scatter row)", "mixed groups")
 
 
-def _check_transform(base: GMSPlan, order: OrderPlan) -> None:
+def _check_transform(base: _PlanArrays, order: _OrderArrays) -> None:
     """Each position reads the sub-problem's row ``v`` of its own (segment, gather row)."""
-    import torch
-
     name, sub, index = "plan.transform", order.plan, order.index
     v = sub.num_pairs
     _check_sub(base, order, name, None, v)

@@ -26,7 +26,9 @@ import torch
 from fusekit.errors import expected
 from fusekit.gms import dispatch
 from fusekit.gms.integrity import verify
-from fusekit.gms.problem import GMSPlan, check_operands, remember
+from fusekit.gms.memory import remember
+from fusekit.gms.operands import check_operands
+from fusekit.gms.planning.layout import GMSPlan
 
 
 def _plan_of(plan: torch.Tensor, n_out: int | None = None) -> GMSPlan:
@@ -106,10 +108,10 @@ def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
     ctx.strategy = strategy
     ctx.save_for_backward(x, w, scale, plan)
     if type(plan) is torch.Tensor:  # not a tracing (fake) tensor
-        # hold the parsed plan itself until the backward, so what its memo holds (the transposed
-        # plan, a mirrored mark) reaches it even when nothing else holds the plan, as for a
-        # layer without an indice_key (the pool's sweep, fusekit.gms.problem._forget_parsed,
-        # drops plans only the parse memo holds, and the memo keeps the last 16 only)
+        # hold the parsed plan itself until the backward, so what was derived on it (the
+        # transposed plan, a mirrored mark) reaches it even when nothing else holds the plan,
+        # as for a layer without an indice_key (the parse memo refers to plans on pooled
+        # buffers weakly, and holds the last 16 others only)
         ctx.parsed = GMSPlan.from_packed(plan)
 
 

@@ -1,12 +1,8 @@
 import pytest
 import torch
 
-from fusekit.gms.kernels.cpu.rows import (
-    gather_rows_cpu,
-    reduce_rows_cpu,
-    release_scratch,
-    scratch,
-)
+from fusekit.gms.kernels.cpu.rows import gather_rows_cpu, reduce_rows_cpu
+from fusekit.gms.memory import release_scratch, scratch
 
 
 def test_gather_rows():

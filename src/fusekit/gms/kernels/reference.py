@@ -16,10 +16,7 @@ write for speed with ATen alone, given indices sorted by segment once: ``index_s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 def gms_reference(
@@ -47,8 +44,6 @@ def gms_reference(
     Returns:
         ``[n_out, M]``.
     """
-    import torch
-
     products = x.new_zeros(gather.shape[0], w.shape[2])
     for s in torch.unique(segment).tolist():
         pairs = torch.nonzero(segment == s).flatten()
@@ -100,8 +95,6 @@ def gms_aten(
     Returns:
         ``[n_out, M]``.
     """
-    import torch
-
     rows = x.index_select(0, gather)
     if grouped:
         products = torch._grouped_mm(rows, w, offs=segment_ends)

@@ -9,15 +9,11 @@ argument, whoever calls it (the op, a layer, a test).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numba
 import numpy as np
+import torch
 
 from fusekit.errors import expected
-
-if TYPE_CHECKING:
-    import torch
 
 #: Dtypes the numba kernels compute in (the op upcasts bfloat16 to float32 first).
 DTYPES = ("float32", "float64")
@@ -34,8 +30,6 @@ def check_rows_operand(name: str, t: object, dtype: torch.dtype | None = None) -
         TypeError: not a tensor, or the wrong dtype.
         ValueError: not 2-D, or not on the CPU.
     """
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise TypeError(expected("gms", name, "a torch.Tensor", type(t).__name__))
     if _dtype(t) not in DTYPES or (dtype is not None and t.dtype != dtype):
@@ -54,8 +48,6 @@ def check_index(name: str, index: object, length: int | None = None) -> None:
         TypeError: not an integer tensor.
         ValueError: not 1-D, on another device, or of another length.
     """
-    import torch
-
     if not isinstance(index, torch.Tensor) or index.dtype not in (torch.int32, torch.int64):
         got = _dtype(index) if isinstance(index, torch.Tensor) else type(index).__name__
         raise TypeError(expected("gms", name, "an int32/int64 tensor", got))
@@ -88,8 +80,6 @@ def check_operands(
         TypeError: an operand is not a tensor or has the wrong dtype.
         ValueError: a shape or device is wrong.
     """
-    import torch
-
     check_rows_operand(x_name, x)
     if not isinstance(w, torch.Tensor) or w.dtype != x.dtype:
         got = _dtype(w) if isinstance(w, torch.Tensor) else type(w).__name__
@@ -111,8 +101,6 @@ def check_scale(scale: torch.Tensor | None, n_pairs: int, dtype: torch.dtype | N
         TypeError: the wrong type or dtype.
         ValueError: the wrong shape or device.
     """
-    import torch
-
     if scale is None:
         return
     ok = isinstance(scale, torch.Tensor) and (

@@ -18,20 +18,18 @@ is two row reads and one row write per output row, nothing else.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
+import torch
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.checks import check_count, check_index, check_rows_operand, check_scale
 from fusekit.gms.kernels.cpu.tile import FASTMATH, nan_max
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 
 @numba.njit(parallel=True, cache=True)
@@ -134,8 +132,6 @@ def gather_rows_cpu(
     Raises:
         ValueError: an index lies outside ``[0, N)``.
     """
-    import torch
-
     check_rows_operand("x", x)
     check_index("index", index)
     if out is None:
@@ -177,8 +173,6 @@ def reduce_rows_cpu(
     Raises:
         ValueError: a pointer, position or row index lies out of range.
     """
-    import torch
-
     check_rows_operand("src", src)
     check_index("ptr", ptr)
     n_pairs = check_count("n_pairs", n_pairs)
@@ -223,11 +217,10 @@ def numpy_of(t: torch.Tensor) -> np.ndarray:
 
 
 def plan_array(plan: GMSPlan, name: str) -> np.ndarray:
-    """The numpy view of a plan field, made once per plan (kept in ``plan.memo``)."""
-    key = ("numpy", name)
-    view = plan.memo.get(key)
+    """The numpy view of a plan field, made once per plan (kept in ``plan.derived.arrays``)."""
+    view = plan.derived.arrays.get(name)
     if view is None:
-        view = plan.memo[key] = numpy_of(getattr(plan, name))
+        view = plan.derived.arrays[name] = numpy_of(getattr(plan, name))
     return view
 
 
@@ -245,41 +238,6 @@ def check_out(out: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
         got = f"{str(out.dtype).split('.')[-1]} {tuple(out.shape)} on {out.device}"
         want = f"a contiguous CPU {str(dtype).split('.')[-1]} tensor of shape {tuple(shape)}"
         raise ValueError(expected("gms", "out", want, got))
-
-
-#: Each thread's scratch buffers, by (name, dtype); see :func:`scratch`.
-_SCRATCH = threading.local()
-
-
-def scratch(name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """A ``[rows, cols]`` intermediate of the calling thread, reused by every later call.
-
-    The products and gathered rows of a GEMM-bound problem are megabytes; allocated afresh per
-    call they cost a page fault (and the kernel zeroing the page) per 4 KiB whenever the C
-    allocator has handed the memory back to the system, which measured as much as the gather
-    itself (MoE, 4,096 tokens top-2, K = M = 256: 4,000 faults, 20% over the bare GEMMs,
-    single thread). So each thread keeps one buffer per name and dtype, grown to the largest
-    request and shared by every plan (a new plan per batch, as MoE routing makes, reuses it
-    too); :func:`release_scratch` frees them. A buffer never leaves the kernel that asked:
-    callers return only tensors they allocated, and a concurrent call from another thread gets
-    its own buffers.
-    """
-    import torch
-
-    buffers = getattr(_SCRATCH, "buffers", None)
-    if buffers is None:
-        buffers = _SCRATCH.buffers = {}
-    key = (name, dtype)
-    buffer = buffers.get(key)
-    if buffer is None or buffer.numel() < rows * cols:
-        buffers.pop(key, None)  # free the old buffer before allocating its successor
-        buffer = buffers[key] = torch.empty(rows * cols, dtype=dtype)
-    return buffer[: rows * cols].view(rows, cols)
-
-
-def release_scratch() -> None:
-    """Free the calling thread's :func:`scratch` buffers."""
-    _SCRATCH.buffers = {}
 
 
 def raise_if_bad(bad: int, what: str, expectation: str) -> None:

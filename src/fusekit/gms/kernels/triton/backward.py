@@ -37,7 +37,7 @@ from fusekit.gms.kernels.triton.gms_seg import INTERPRETED, tile_product
 if TYPE_CHECKING:
     import torch
 
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 BLOCK_E = 16
 BLOCK_K = 16

@@ -2,20 +2,21 @@
 
 The kernels mask every load and store as well, so a plan that slipped past these checks still
 cannot read or write out of bounds; the checks turn it into a ``ValueError`` instead of a silently
-wrong result. A check that passed is remembered in ``plan.memo`` (a plan changed with
-``dataclasses.replace`` starts with an empty memo, so it is checked again).
+wrong result. A check that passed is remembered in ``plan.derived.passed`` (a plan changed with
+``dataclasses.replace`` starts with an empty record, so it is checked again).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from fusekit.errors import expected
+from fusekit.gms.planning.derived import Check, Passed
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 #: Dtypes the kernels take (they accumulate in float32).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -62,8 +63,8 @@ def check_index(plan: GMSPlan, name: str, high: int) -> None:
     Raises:
         ValueError: a wrong length or an index out of range.
     """
-    key = ("triton ok", name, high)
-    if plan.memo.get(key):
+    key = Passed(Check.TRITON_INDEX, name, high)
+    if key in plan.derived.passed:
         return
     index = getattr(plan, name)
     if index.shape != (plan.num_pairs,) or (
@@ -71,7 +72,7 @@ def check_index(plan: GMSPlan, name: str, high: int) -> None:
     ):
         got = f"{tuple(index.shape)}, in [{_lo(index)}, {_hi(index)}]"
         raise ValueError(expected("gms", f"plan {name}", f"[{plan.num_pairs}] in [0, {high})", got))
-    plan.memo[key] = True
+    plan.derived.passed.add(key)
 
 
 def check_rows(index: torch.Tensor, n: int, high: int, what: str) -> None:
@@ -95,8 +96,8 @@ def check_tiles(plan: GMSPlan, n_segments: int) -> None:
     Raises:
         ValueError: tile arrays of different lengths or out of range.
     """
-    key = ("triton ok", "tiles", n_segments)
-    if plan.memo.get(key):
+    key = Passed(Check.TRITON_TILES, bound=n_segments)
+    if key in plan.derived.passed:
         return
     seg, lo, hi = plan.tile_segment, plan.tile_start, plan.tile_end
     ok = seg.shape == lo.shape == hi.shape and seg.dim() == 1
@@ -108,7 +109,7 @@ def check_tiles(plan: GMSPlan, n_segments: int) -> None:
         want = f"segments in [0, {n_segments}), 0 <= start <= end <= {plan.num_pairs}"
         got = f"segments in [{_lo(seg)}, {_hi(seg)}], starts >= {_lo(lo)}, ends <= {_hi(hi)}"
         raise ValueError(expected("gms", "plan tiles", want, got))
-    plan.memo[key] = True
+    plan.derived.passed.add(key)
 
 
 def check_segment_ptr(plan: GMSPlan, n_segments: int) -> None:
@@ -117,8 +118,8 @@ def check_segment_ptr(plan: GMSPlan, n_segments: int) -> None:
     Raises:
         ValueError: a malformed pointer.
     """
-    key = ("triton ok", "segment_ptr", n_segments)
-    if plan.memo.get(key):
+    key = Passed(Check.TRITON_SEGMENT_PTR, bound=n_segments)
+    if key in plan.derived.passed:
         return
     ptr = plan.segment_ptr
     if (
@@ -130,7 +131,7 @@ def check_segment_ptr(plan: GMSPlan, n_segments: int) -> None:
     ):
         want = f"non-decreasing from 0 to {plan.num_pairs}, at most {n_segments + 1} values"
         raise ValueError(expected("gms", "plan segment_ptr", want, ptr[:8].tolist()))
-    plan.memo[key] = True
+    plan.derived.passed.add(key)
 
 
 def check_dst_csr(plan: GMSPlan) -> None:
@@ -139,8 +140,8 @@ def check_dst_csr(plan: GMSPlan) -> None:
     Raises:
         ValueError: a malformed pointer or a position out of ``[0, E)``.
     """
-    key = ("triton ok", "dst")
-    if plan.memo.get(key):
+    key = Passed(Check.TRITON_DST_CSR)
+    if key in plan.derived.passed:
         return
     ptr, pos, n = plan.dst_ptr, plan.dst_pos, plan.num_pairs
     ok = ptr.shape == (plan.n_out + 1,) and pos.dim() == 1
@@ -152,7 +153,7 @@ def check_dst_csr(plan: GMSPlan) -> None:
         got = f"ptr in [{_lo(ptr)}, {_hi(ptr)}], positions in [{_lo(pos)}, {_hi(pos)}]"
         want = f"pointers into {pos.numel()} positions, positions in [0, {n})"
         raise ValueError(expected("gms", "plan dst_ptr/dst_pos", want, got))
-    plan.memo[key] = True
+    plan.derived.passed.add(key)
 
 
 def empty_rows_to_zero(out: torch.Tensor, plan: GMSPlan) -> None:

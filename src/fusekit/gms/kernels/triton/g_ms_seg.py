@@ -30,7 +30,7 @@ from fusekit.gms.kernels.triton.gms_seg import (
 if TYPE_CHECKING:
     import torch
 
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 BLOCK_E = 32
 BLOCK_K = 32

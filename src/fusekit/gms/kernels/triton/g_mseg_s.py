@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from fusekit.gms.kernels.triton.checks import (
     check_dst_csr,
     check_index,
@@ -26,9 +28,7 @@ from fusekit.gms.kernels.triton.gm_seg_s import reduce_by_destination
 from fusekit.gms.kernels.triton.gms_seg import STORE, segment_gemm
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 #: Most positions one program of the segment GEMM runs.
 TILE_ROWS = 64
@@ -46,8 +46,6 @@ def segment_tiles(
     Returns:
         ``(tile_segment, tile_start, tile_end)``, each ``[T]`` int64.
     """
-    import torch
-
     starts, ends = segment_ptr[:-1], segment_ptr[1:]
     per_segment = (ends - starts + rows - 1) // rows
     n_tiles = int(per_segment.sum())
@@ -80,15 +78,13 @@ def g_mseg_s_triton(
     Raises:
         ValueError: unsupported operands, or a plan array the kernels read is out of range.
     """
-    import torch
-
     check_operands(x, w, scale, plan.num_pairs)
     check_index(plan, "gather", x.shape[0])
     check_segment_ptr(plan, w.shape[0])
     check_dst_csr(plan)
-    tiles = plan.memo.get(("triton", "segment tiles"))
+    tiles = plan.derived.segment_tiles
     if tiles is None:
-        tiles = plan.memo[("triton", "segment tiles")] = segment_tiles(plan.segment_ptr)
+        tiles = plan.derived.segment_tiles = segment_tiles(plan.segment_ptr)
     gathered = gather_rows(x, plan.gather)
     products = torch.zeros(plan.num_pairs, w.shape[2], dtype=torch.float32, device=x.device)
     segment_gemm(gathered, None, w, tiles, products, epilogue=STORE)

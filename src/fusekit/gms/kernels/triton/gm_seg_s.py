@@ -33,7 +33,7 @@ from fusekit.gms.kernels.triton.rows import launch_reduce_rows
 if TYPE_CHECKING:
     import torch
 
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 
 def reduce_by_destination(

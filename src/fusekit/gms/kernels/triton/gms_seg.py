@@ -39,7 +39,7 @@ from fusekit.gms.kernels.triton.checks import (
 if TYPE_CHECKING:
     import torch
 
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 #: Epilogues of :func:`_segment_gemm_kernel`.
 STORE, ADD, MAX = 0, 1, 2

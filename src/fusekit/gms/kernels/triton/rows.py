@@ -17,8 +17,7 @@ every index the kernels read and raise ``ValueError`` (the kernels mask their lo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import torch
 import triton
 import triton.language as tl
 
@@ -26,21 +25,18 @@ from fusekit.errors import expected
 from fusekit.gms.kernels.triton.checks import check_grid
 from fusekit.gms.kernels.triton.g_ms_seg import gather_rows
 
-if TYPE_CHECKING:
-    import torch
-
 BLOCK_Q = 16
 BLOCK_M = 32
 
 
 @triton.jit
-def nan_max(a, b):
+def nan_max(a, b):  # type: ignore[no-untyped-def]
     """``max(a, b)``, NaN if either is NaN, as ``torch.amax`` (``tl.max`` drops NaN on GPUs)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
-@triton.jit
-def _reduce_rows_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _reduce_rows_kernel(  # type: ignore[no-untyped-def]
     # pointers: src [R, M], src_index [P], scale [P], ptr [N_out + 1], pos [Q], out [N_out, M]
     src_ptr,
     src_index_ptr,
@@ -176,8 +172,6 @@ def launch_reduce_rows(
 
 def _out_of_range(index: torch.Tensor, high: int) -> torch.Tensor:
     """A 0-d bool tensor: does ``index`` hold a value outside ``[0, high)``."""
-    import torch
-
     if index.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=index.device)
     return (index.min() < 0) | (index.max() >= high)
@@ -238,8 +232,6 @@ def reduce_rows_triton(
     Raises:
         ValueError: a pointer, position or row index lies out of range.
     """
-    import torch
-
     _check_csr(src, ptr, n_pairs, src_index, scale, pos)
     accumulate = out is not None
     if out is None:
