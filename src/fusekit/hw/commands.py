@@ -10,6 +10,7 @@ import typer
 from fusekit.console import binary_bytes, err_console, print_json, print_table, si
 from fusekit.hw.accel import Accelerator
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.hw.detect import detect as run_detect
 from fusekit.hw.load import LOCAL_CPU, LOCAL_GPU, Hardware, load, preset_names
 
 app = typer.Typer(
@@ -159,8 +160,6 @@ def detect(
     as_json: JsonOption = False,
 ) -> None:
     """Measure this machine's CPU (streaming copy, fp32 GEMM, op overhead) and show it."""
-    from fusekit.hw.detect import detect as run_detect
-
     with err_console.status("measuring this CPU..."):
         hw = run_detect(refresh=refresh, cache_path=cache)
     _show(hw, as_json)

@@ -29,8 +29,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
+from fusekit import __version__
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.hw.schema import CPUSchema, GPUSchema
 from fusekit.paths import cache_dir, write_atomic
+
+# torch is imported inside the functions that use it: fusekit.hw loads at CLI start-up.
 
 T = TypeVar("T", CPUTarget, GPUTarget)
 
@@ -203,8 +209,6 @@ def _mem_bytes() -> int:
 def _machine_key() -> dict[str, Any]:
     import torch
 
-    from fusekit import __version__
-
     return {
         "cpu_model": _cpu_model(),
         "threads": os.cpu_count() or 1,
@@ -242,10 +246,6 @@ def _build(key: dict[str, Any], m: Measurements) -> CPUTarget:
 
 def _checked(fields: Any, cls: type[T]) -> T | str:
     """The cached ``target`` fields as a ``cls``, or why they cannot be used."""
-    from pydantic import ValidationError
-
-    from fusekit.hw.schema import CPUSchema, GPUSchema
-
     if not isinstance(fields, dict) or not isinstance(fields.get("peak_flops_per_s"), dict):
         return "'target' or its 'peak_flops_per_s' is not a mapping"
     text = ("kind", "name", "description", "source", "peak_flops_per_s")

@@ -20,9 +20,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from fusekit import __version__
 from fusekit.errors import FusekitError
 from fusekit.hw.cpu_gpu import GPUTarget
 from fusekit.hw.detect import default_cache_path, load_cached, store
+
+# torch is imported inside the functions that use it: fusekit.hw loads at CLI start-up.
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,6 @@ def measure_gpu(device: int = 0) -> dict[str, Any]:
 
 def _device_key(device: int) -> dict[str, Any]:
     import torch
-
-    from fusekit import __version__
 
     props = torch.cuda.get_device_properties(device)
     return {

@@ -21,6 +21,8 @@ from fusekit.errors import ConfigError
 from fusekit.files import load_yaml, short, top_mapping
 from fusekit.hw.accel import Accelerator
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.hw.detect import detect
+from fusekit.hw.detect_gpu import detect_gpu
 from fusekit.hw.schema import SCHEMAS as _SCHEMAS
 
 Hardware = CPUTarget | GPUTarget | Accelerator
@@ -114,12 +116,8 @@ def load(name_or_path: str | Path) -> Hardware:
     """
     text = str(name_or_path)
     if text.lower() == LOCAL_CPU:
-        from fusekit.hw.detect import detect
-
         return detect()
     if text.lower() == LOCAL_GPU:
-        from fusekit.hw.detect_gpu import detect_gpu
-
         return detect_gpu()
     preset = resources.files("fusekit.hw") / "presets" / f"{text.lower()}.yaml"
     if "/" not in text and not text.endswith((".yaml", ".yml")) and preset.is_file():
