@@ -1,10 +1,12 @@
 """``fusekit gms``: run the g-mm-s strategies on a synthetic RGCN, conv or MoE problem.
 
-Imported when the CLI starts, so torch, numba and the kernels are imported inside the commands.
+Imported when the CLI starts, so torch, numba and the gms modules that import them (kernels,
+plans, workloads, the tuner and the selector) are imported inside the commands.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -14,7 +16,10 @@ import typer
 
 from fusekit import options
 from fusekit.console import console, err_console, print_json, print_table, print_text, progress
+from fusekit.errors import FusekitError, expected
 from fusekit.gms.labels import LEGEND, point_label, strategy_label
+from fusekit.hw import detect
+from fusekit.search import LocalExecutor, RayExecutor, SerialExecutor, TuningCache, point_key
 from fusekit.search.measure import time_call
 
 app = typer.Typer(
@@ -128,7 +133,6 @@ def run_records(
     """
     import torch
 
-    from fusekit.errors import expected
     from fusekit.gms import GMSProblem, Strategy, enumerate_candidates, gms, plan
     from fusekit.gms import workloads as W
     from fusekit.gms.kernels.cpu.g_mseg_s import grouped_mm_supported
@@ -164,11 +168,20 @@ def run_records(
             if grouped and not grouped_mm_supported(x, w):
                 continue
             name = "aten _grouped_mm" if grouped else "aten per-segment mm"
-            impls[name] = lambda g=grouped: gms_aten(
-                x, w, pl.gather, pl.scatter, ends, wl.n_out, scale_sorted, g, row_scale
+            impls[name] = functools.partial(
+                gms_aten,
+                x,
+                w,
+                pl.gather,
+                pl.scatter,
+                ends,
+                wl.n_out,
+                scale_sorted,
+                grouped,
+                row_scale,
             )
     for s in chosen:
-        impls[s.name] = lambda s=s: gms(x, w, pl, wl.scale, s)
+        impls[s.name] = functools.partial(gms, x, w, pl, wl.scale, s)
 
     times = {}
     # the first call of a strategy compiles its numba kernels (cached on disk afterwards)
@@ -214,9 +227,6 @@ def _problem(shape: str, seed: int, scale: float) -> tuple[Any, Any]:
 
 def _executor(name: str, workers: int | None, address: str | None) -> Any:
     """The executor of ``gms tune``: never two timings at once on one host's cores."""
-    from fusekit.errors import FusekitError, expected
-    from fusekit.search import LocalExecutor, RayExecutor, SerialExecutor
-
     if workers is not None and workers < 1:
         raise ValueError(expected("gms tune", "--workers", "an int >= 1", workers))
     if name == "serial":
@@ -276,8 +286,6 @@ def tune(
     """Measure the model's best configurations of a problem; cache them; refit the model."""
     from fusekit.gms.search import checked, refit, space_configs
     from fusekit.gms.search import tune as run_tune
-    from fusekit.hw import detect
-    from fusekit.search import TuningCache, point_key
 
     ex = _executor(executor, workers, address)  # refuses before anything is measured
     wl, problem = _problem(shape, seed, scale)
@@ -418,8 +426,6 @@ def explain_records(
         space_configs,
     )
     from fusekit.gms.selector import select
-    from fusekit.hw import detect
-    from fusekit.search import TuningCache, time_call
 
     wl, problem = _problem(shape, seed, scale)
     target = detect()

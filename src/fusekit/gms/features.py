@@ -22,13 +22,15 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from fusekit.errors import expected
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
-    from fusekit.gms.problem import GMSPlan, GMSProblem
+    from fusekit.gms.planning.layout import GMSPlan
+    from fusekit.gms.problem import GMSProblem
 
 #: Short names of the operand dtypes (the keys of a target's ``peak_flops_per_s``).
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float64": "fp64", "torch.bfloat16": "bf16"}
@@ -182,8 +184,6 @@ def features_of_problem(
     Raises:
         ValueError, TypeError: as :func:`features_of_counts`.
     """
-    import torch
-
     g, s, d = problem.gather, problem.segment, problem.scatter
     segments = problem.num_segments
 

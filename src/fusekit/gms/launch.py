@@ -22,6 +22,9 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numba
+import torch
+
 from fusekit.errors import expected
 
 
@@ -79,17 +82,15 @@ def launch(settings: Launch) -> Iterator[Launch]:
     Yields:
         ``settings``.
     """
-    import torch
-
     token = _CURRENT.set(settings)
     torch_threads = torch.get_num_threads()
     numba_state = None
     if settings.threads is not None or settings.chunk is not None:
-        import numba
-
         numba_state = (numba.get_num_threads(), numba.get_parallel_chunksize())
         if settings.threads is not None:
-            numba.set_num_threads(min(settings.threads, numba.config.NUMBA_NUM_THREADS))
+            # the most threads numba's pool has (numba.config sets its names at run time)
+            most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+            numba.set_num_threads(min(settings.threads, most))
             torch.set_num_threads(settings.threads)
         if settings.chunk is not None:
             numba.set_parallel_chunksize(settings.chunk)
@@ -98,8 +99,6 @@ def launch(settings: Launch) -> Iterator[Launch]:
     finally:
         _CURRENT.reset(token)
         if numba_state is not None:
-            import numba
-
             numba.set_num_threads(numba_state[0])
             numba.set_parallel_chunksize(numba_state[1])
         if torch.get_num_threads() != torch_threads:

@@ -60,9 +60,9 @@ TERMS: tuple[str, ...] = (
     "atomics",
 )
 
-#: Untuned coefficients: the numba register tile runs at about half the vendor GEMM's peak
-#: (tile.py: 71 of ~146 GFLOP/s), row-granular random access at half the streaming bandwidth,
-#: cache-resident rows at three times it, one kernel call from Python costs about 3 launches.
+#: Untuned coefficients: the numba register tile runs at about half the vendor GEMM's peak,
+#: row-granular random access at half the streaming bandwidth, cache-resident rows at three
+#: times it, one kernel call from Python costs about 3 launches.
 DEFAULT_COEF: Mapping[str, float] = {
     "tile_gemm": 2.0,
     "vendor_gemm": 1.2,
@@ -355,7 +355,8 @@ def predict(
 ) -> np.ndarray:
     """Predicted seconds of every configuration."""
     weights = np.array([{**DEFAULT_COEF, **(coef or {})}[t] for t in TERMS])
-    return term_matrix(f, configs, target) @ weights
+    predicted: np.ndarray = term_matrix(f, configs, target) @ weights
+    return predicted
 
 
 def fit(terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.002) -> dict[str, float]:
@@ -374,6 +375,7 @@ def fit(terms: np.ndarray, measured_s: np.ndarray, prior_weight: float = 0.002) 
     Returns:
         Coefficients by term name.
     """
+    # scipy.optimize is slow to import and only fitting needs it (predictions are common)
     from scipy.optimize import least_squares
 
     terms = np.asarray(terms, dtype=np.float64)

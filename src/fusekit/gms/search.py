@@ -25,22 +25,27 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
 
 from fusekit.errors import expected
 from fusekit.gms import model
+from fusekit.gms.api import gms
 from fusekit.gms.candidates import Config, Strategy, config_of, cpu_space, gpu_space
 from fusekit.gms.features import Features, features, signature
+from fusekit.gms.launch import launch
+from fusekit.gms.planning.build import plan
+from fusekit.hw import CPUTarget, GPUTarget, detect
 from fusekit.search.executor import Executor, SerialExecutor
 from fusekit.search.measure import time_call
 from fusekit.search.space import Point, Space, point_key
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan, GMSProblem
-    from fusekit.hw import CPUTarget, GPUTarget
+    from fusekit.gms.planning.layout import GMSPlan
+    from fusekit.gms.problem import GMSProblem
     from fusekit.search.cache import TuningCache
 
 #: Name of the gms model's coefficients in the tuning cache.
@@ -68,8 +73,6 @@ def hardware_key(target: CPUTarget | GPUTarget) -> str:
 
 def space_of(f: Features, target: CPUTarget | GPUTarget) -> Space:
     """The configuration space of a problem on a target."""
-    from fusekit.hw import CPUTarget
-
     if isinstance(target, CPUTarget):
         return cpu_space(f.reduce, target.cores)
     elem = {"fp64": 8, "fp32": 4}.get(f.dtype, 2)
@@ -164,8 +167,6 @@ def checked(cache: TuningCache) -> TuningCache:
 
 def features_meta(f: Features) -> dict[str, Any]:
     """The features as JSON-ready data (kept with cache entries so a model can refit)."""
-    from dataclasses import asdict
-
     return {"features": asdict(f)}
 
 
@@ -179,8 +180,6 @@ def features_from_meta(meta: dict[str, Any]) -> Features | None:
     Every field is checked: counts are ints >= 0, the dtype, reduce and scale flag are known
     values; anything else (as a corrupt cache may hold) gives None.
     """
-    from dataclasses import fields
-
     raw = meta.get("features")
     if not isinstance(raw, dict) or set(raw) != {fl.name for fl in fields(Features)}:
         return None
@@ -242,8 +241,6 @@ _OPERANDS: OrderedDict[tuple[Any, ...], tuple[Any, Any, Any]] = OrderedDict()
 
 def _plan_for(name: str, problem: GMSProblem, knobs: tuple[int, int, str]) -> GMSPlan:
     """Plans of the last problems measured in this process, by (signature, knobs)."""
-    from fusekit.gms.problem import plan
-
     key = (name, knobs)
     if key not in _PLANS:
         _PLANS[key] = plan(problem, tile_rows=knobs[0], blocks=knobs[1], schedule=knobs[2])
@@ -257,8 +254,6 @@ def operands(
     name: str, problem: GMSProblem, k: int, m: int, dtype: str, device: str, has_scale: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Deterministic ``x``, ``w`` and ``scale`` for timing a problem (seeded, cached by name)."""
-    import torch
-
     key = (name, k, m, dtype, device, has_scale)
     if key not in _OPERANDS:
         gen = torch.Generator().manual_seed(0)
@@ -281,9 +276,6 @@ def run_config(
     scale: torch.Tensor | None,
 ) -> Callable[[], object]:
     """A call that runs one configuration (its plan built now, or reused by ``name``)."""
-    from fusekit.gms.api import gms
-    from fusekit.gms.launch import launch
-
     pl = _plan_for(name, problem, cfg.plan_knobs)
     if pl.device != x.device:
         pl = pl.to(x.device)
@@ -292,8 +284,6 @@ def run_config(
         with launch(cfg.launch):
             out = gms(x, w, pl, scale, cfg.strategy)
         if out.is_cuda:
-            import torch
-
             torch.cuda.synchronize()
         return out
 
@@ -421,11 +411,6 @@ def tune(
     Raises:
         ValueError: ``budget`` is not positive, or the target is a GPU without CUDA here.
     """
-    import torch
-
-    from fusekit.gms.problem import plan
-    from fusekit.hw import CPUTarget, detect
-
     start = time.perf_counter()
     target = target if target is not None else detect()
     device = "cpu" if isinstance(target, CPUTarget) else "cuda"
@@ -489,11 +474,10 @@ def refit(cache: TuningCache, target: CPUTarget | GPUTarget) -> dict[str, float]
     Returns:
         The coefficients, or None when the cache holds no measurements of this target.
     """
-    import numpy as np
-
     cache = checked(cache)
     hw = hardware_key(target)
-    blocks, times = [], []
+    blocks: list[np.ndarray] = []
+    times: list[float] = []
     for entry in cache.entries():
         f = features_from_meta(dict(entry.meta)) if entry.hardware == hw else None
         if f is None:

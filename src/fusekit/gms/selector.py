@@ -67,9 +67,14 @@ class Constraints:
     The reduce's own rule (aggregating before the GEMM needs a linear reduce, see
     :meth:`~fusekit.gms.candidates.Order.allows`) always applies, from the features' reduce.
 
+    A source that ranks configurations (the model, measured points) answers the best legal one.
+    The tree knows only its candidates: a ranked candidate whose strategy the caller cannot run
+    runs as :meth:`run_as` (the allowed strategy, the knobs the leaf ranked), so that a kernel
+    map runs the leaf's dataflow and knobs pairwise.
+
     Attributes:
         orders: the orders the caller may run (a kernel map: :attr:`Order.PAIRWISE` only).
-        dataflows: the dataflows it may run.
+        dataflows: the dataflows it may run (one: a strategy the caller named).
         training: the backward runs too: only the target kind's :data:`TRAINING` strategy.
     """
 
@@ -77,23 +82,35 @@ class Constraints:
     dataflows: frozenset[Dataflow] = frozenset(Dataflow)
     training: bool = False
 
+    def run_as(self, strategy: Strategy, kind: str) -> Strategy | None:
+        """What the caller runs in place of ``strategy`` on a target of ``kind``, if anything.
+
+        ``strategy`` itself when allowed; under training the kind's :data:`TRAINING` strategy;
+        an order not allowed becomes pairwise (every order computes what pairwise computes);
+        a dataflow not allowed becomes the one allowed dataflow. None when neither applies.
+        """
+        if self.training:
+            strategy = TRAINING[kind]
+        order, dataflow = strategy.order, strategy.dataflow
+        if order not in self.orders and Order.PAIRWISE in self.orders:
+            order = Order.PAIRWISE
+        if dataflow not in self.dataflows and len(self.dataflows) == 1:
+            dataflow = next(iter(self.dataflows))
+        if order not in self.orders or dataflow not in self.dataflows:
+            return None
+        return Strategy(order, dataflow)
+
     def allows(self, strategy: Strategy, reduce: str, kind: str) -> bool:
         """Whether ``strategy`` is legal for a problem of ``reduce`` on a target of ``kind``."""
-        if self.training and strategy != TRAINING[kind]:
-            return False
-        return (
-            strategy.order in self.orders
-            and strategy.dataflow in self.dataflows
-            and strategy.order.allows(reduce)
-        )
-
-    def allows_point(self, point: Mapping[str, Any], reduce: str, kind: str) -> bool:
-        """:meth:`allows` for a space point."""
-        return self.allows(Strategy.parse(point["strategy"]), reduce, kind)
+        return self.run_as(strategy, kind) == strategy and strategy.order.allows(reduce)
 
 
 #: No constraint beyond the reduce's own rule.
 ANY = Constraints()
+
+
+def _allows(constraints: Constraints, point: Mapping[str, Any], reduce: str, kind: str) -> bool:
+    return constraints.allows(Strategy.parse(point["strategy"]), reduce, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +166,7 @@ class TreeSelector:
     dtype: str
     cores: int
     trained_on: int
-    _memo: dict[tuple[int, str, Constraints], int | None] = field(
+    _memo: dict[tuple[int, str, Constraints], tuple[int, str] | None] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -162,21 +179,24 @@ class TreeSelector:
         return node
 
     def choose(self, f: Features, constraints: Constraints = ANY) -> Point | None:
-        """The leaf's candidate with the least mean slowdown that is legal.
+        """The leaf's candidate with the least mean slowdown that is legal, as the caller runs it.
 
-        Legal: allowed by ``constraints`` for ``f.reduce`` on a CPU (the tree's candidates are
-        CPU points). None when no candidate of the leaf is.
+        Candidates are taken in rank order, each with its strategy replaced by
+        :meth:`Constraints.run_as` (on a CPU: the tree's candidates are CPU points); the first
+        whose strategy the caller can run and ``f.reduce`` allows is the answer. None when no
+        candidate of the leaf is.
         """
         node = self.leaf(f.vector())
         key = (node, f.reduce, constraints)
         if key not in self._memo:
-            ranked = sorted(range(len(self.candidates)), key=lambda i: self.value[node][i])
-            legal = (
-                i for i in ranked if constraints.allows_point(self.candidates[i], f.reduce, "cpu")
-            )
-            self._memo[key] = next(legal, None)
-        i = self._memo[key]
-        return dict(self.candidates[i]) if i is not None else None
+            self._memo[key] = None
+            for i in sorted(range(len(self.candidates)), key=lambda i: self.value[node][i]):
+                runs = constraints.run_as(Strategy.parse(self.candidates[i]["strategy"]), "cpu")
+                if runs is not None and runs.order.allows(f.reduce):
+                    self._memo[key] = (i, runs.name)
+                    break
+        hit = self._memo[key]
+        return {**self.candidates[hit[0]], "strategy": hit[1]} if hit is not None else None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data (the file format of :func:`load_tree`)."""
@@ -258,7 +278,7 @@ def train_tree(
         # the near-best points, and the near-best of those that a max reduce may run
         for allowed in (
             measured,
-            {k: v for k, v in measured.items() if ANY.allows_point(json.loads(k), "max", "cpu")},
+            {k: v for k, v in measured.items() if _allows(ANY, json.loads(k), "max", "cpu")},
         ):
             if allowed:
                 best = min(allowed.values())
@@ -400,7 +420,7 @@ def _measured_best(
     ranked = sorted(times, key=lambda k: times[k])
     for k in ranked:
         point: Point = json.loads(k)
-        if constraints.allows_point(point, f.reduce, target.kind):
+        if _allows(constraints, point, f.reduce, target.kind):
             return point
     return None
 
