@@ -7,6 +7,7 @@ Every message names the argument, what was expected and what was received, in Py
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 
@@ -62,8 +63,6 @@ def require(module: str, what: str, extra: str) -> Any:
     Raises:
         MissingExtra: ``"{what}: needs the '{package}' package (pip install 'fusekit[{extra}]')"``.
     """
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as e:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fusekit import __version__
 from fusekit.errors import expected
 from fusekit.paths import cache_dir, locked, write_atomic
 
@@ -55,12 +56,6 @@ ModelCheck = Callable[[Mapping[str, float]], None]
 def default_tuning_path() -> Path:
     """``tuning.json`` in fusekit's cache folder (``$XDG_CACHE_HOME/fusekit`` on Linux)."""
     return cache_dir("tuning.json")
-
-
-def _library_version() -> str:
-    from fusekit import __version__
-
-    return __version__
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +256,7 @@ class TuningCache:
                 problem = "not a fusekit tuning cache"
             elif blob.get("version") != CACHE_VERSION:
                 problem = f"cache version {_short(blob.get('version'))}, expected {CACHE_VERSION}"
-            elif blob.get("library") != _library_version():
+            elif blob.get("library") != __version__:
                 problem = f"written by fusekit {_short(blob.get('library'))}"
             else:
                 return self._clean(blob)
@@ -400,5 +395,5 @@ class TuningCache:
         with locked(self.path):
             blob = self._read()
             yield blob
-            blob.update(format=CACHE_FORMAT, version=CACHE_VERSION, library=_library_version())
+            blob.update(format=CACHE_FORMAT, version=CACHE_VERSION, library=__version__)
             write_atomic(self.path, json.dumps(blob, separators=(",", ":"), allow_nan=False))

@@ -283,6 +283,7 @@ class RayExecutor(_Closing):
 
     def _one_per_node(self, ray: Any, task: Any, fn_ref: Any, chunks: list[Any]) -> list[Any]:
         """Run ``chunks`` with at most one task in flight per node of :attr:`_nodes`."""
+        # ray is the optional 'distributed' extra, required when the executor was made
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         results: list[Any] = [None] * len(chunks)
@@ -306,7 +307,7 @@ class RayExecutor(_Closing):
         """Shut down the local Ray instance this executor started (a cluster stays up)."""
         self._closed = True
         if self._started:
-            import ray
+            import ray  # the optional 'distributed' extra, present since this instance started
 
             ray.shutdown()
             self._started = False

@@ -15,6 +15,7 @@ ends the loop before a solution passes every lazy check.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -23,6 +24,9 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import highspy
+import numpy as np
 
 from fusekit.errors import expected
 
@@ -84,9 +88,6 @@ def solve_partition(
         ValueError: on mismatched lengths, an item out of range, an item no set covers, or
             a warm start that is not a partition.
     """
-    import highspy
-    import numpy as np
-
     if len(weights) != len(sets):
         raise ValueError(
             expected("solve_partition", "weights", f"{len(sets)} values", len(weights))
@@ -191,8 +192,6 @@ def quiet_highs() -> Any:
     the null device (C's buffer flushed before it is restored); then ``output_flag`` and
     ``log_to_console`` are switched off.
     """
-    import highspy
-
     global _banner_shown
     with _BANNER_LOCK:
         if _banner_shown:
@@ -207,8 +206,6 @@ def quiet_highs() -> Any:
 
 def _construct_silently(make: Callable[[], Any]) -> Any:
     """``make()`` with the C-level stdout discarded (plain ``make()`` where fds are unusable)."""
-    import ctypes
-
     try:
         sys.stdout.flush()
         saved = os.dup(1)
