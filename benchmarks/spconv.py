@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 from fusekit.data.voxels import VoxelScan, lidar_like, lidar_scan
+from fusekit.gms import kmap as km
 from fusekit.hw import CPUTarget, detect
-from fusekit.nn import kmap as km
 from fusekit.nn.conv import SparseTensor, SubMConv3d, conv_reference
 from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from gms_kernels import FLOOR, bare_gemms, time_blocks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusekit.nn import kmap as km
+from fusekit.gms import kmap as km
 from fusekit.nn.conv import SparseConv3d, SparseTensor, SubMConv3d, conv_reference
 
 SHAPE = (9, 8, 10)
@@ -82,7 +82,7 @@ def test_subm_input_gradient_runs_on_the_forward_plan():
     out = layer(sparse)
     (out.features**2).sum().backward()
     (plan,) = [p for p, _ in sparse.maps["k"].plans.values()]
-    assert plan.memo.get("mirrored") and "transposed" not in plan.memo
+    assert plan.derived.mirrored and plan.derived.transposed is None
     kmap = km.build_reference(idx, SHAPE, 2, (1, 1, 1), (0, 0, 0), True)
     x2 = x.detach().clone().requires_grad_()
     (conv_reference(x2, layer.weight.detach(), None, kmap) ** 2).sum().backward()
@@ -281,7 +281,7 @@ def test_subm_layers_never_build_a_transposed_plan(monkeypatch, key, depth):
 
 def test_released_buffers_leave_held_plans_valid():
     from fusekit.gms import release_buffers
-    from fusekit.gms.problem import _POOL
+    from fusekit.gms.memory import PLAN_POOL as _POOL
 
     idx = voxels()
     layer = SubMConv3d(4, 4, 3, bias=False, indice_key="k")

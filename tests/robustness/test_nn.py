@@ -19,9 +19,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fusekit.gms.kmap.grid import MAX_AXIS, check_grid
 from fusekit.nn.conv import SparseConv3d, SparseTensor, SubMConv3d
 from fusekit.nn.engine import IndexCache, fingerprint, fingerprint_reference
-from fusekit.nn.grid import MAX_AXIS, check_grid
 from fusekit.nn.moe import MoE
 from fusekit.nn.rgcn import RGCNConv
 
@@ -53,7 +53,7 @@ CRASHES = {
     "keys past 2^63 through the builder": (
         dedent("""
         import torch
-        from fusekit.nn import kmap
+        from fusekit.gms import kmap
         idx = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0]])
         kmap.build(idx, (2**21, 2**21, 2**21), 2)
         """),
@@ -64,7 +64,7 @@ CRASHES = {
     "output grid past the limits": (
         dedent("""
         import torch
-        from fusekit.nn import kmap
+        from fusekit.gms import kmap
         idx = torch.tensor([[0, 0, 0, 0]])
         kmap.build(idx, (8, 8, 8), 1, (1, 1, 1), (2**31, 2**31, 2**31), subm=False)
         """),
@@ -221,7 +221,7 @@ def test_no_output_voxel_on_an_axis_is_refused():
 @pytest.mark.parametrize("device_builder", ["cpu", "reference"])
 def test_voxels_near_the_largest_grid_convolve_as_at_the_origin(device_builder):
     """Keys near 2^62 (B Z Y X just under the limit) give the pairs of the same cluster at 0."""
-    from fusekit.nn import kmap as km
+    from fusekit.gms import kmap as km
     from fusekit.nn.conv import conv_reference
 
     gen = torch.Generator().manual_seed(0)

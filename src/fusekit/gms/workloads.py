@@ -14,20 +14,20 @@ as the triples per relation of AIFB and MUTAG roughly do: the largest relation h
 edges) and edge endpoints a power law over nodes; conv voxels lie on a few random planes (the
 surfaces a LiDAR sees), with a submanifold 3x3x3 kernel map; MoE tokens pick ``top_k`` distinct
 experts with Zipf(1.0) popularity. :func:`kernel_map` also turns real voxel coordinates into a
-kernel map (``benchmarks/gms_kernels.py`` uses a real LiDAR scan).
+kernel map (``benchmarks/gms_kernels.py`` uses a real LiDAR scan) through the plain-torch
+probe of :func:`fusekit.gms.kmap.reference.probe_pairs`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import random
+from dataclasses import dataclass, replace
+
+import torch
 
 from fusekit.errors import expected
-
-if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSProblem
+from fusekit.gms.kmap.reference import probe_pairs
+from fusekit.gms.problem import GMSProblem
 
 SHAPES: tuple[str, ...] = ("rgcn", "conv", "moe")
 
@@ -65,8 +65,6 @@ class Workload:
 
     def problem(self) -> GMSProblem:
         """The validated :class:`~fusekit.gms.GMSProblem` of these indices."""
-        from fusekit.gms.problem import GMSProblem
-
         return GMSProblem.create(
             self.gather,
             self.segment,
@@ -85,8 +83,6 @@ def rgcn_from_triples(
     Each triple gives two pairs, as in R-GCN (Schlichtkrull et al., ESWC 2018): head -> tail with
     relation ``r`` and tail -> head with ``r + R``.
     """
-    import torch
-
     relations = int(relation.max()) + 1 if relation.numel() else 0
     return Workload(
         name=name,
@@ -104,50 +100,12 @@ def rgcn_shaped(
     seed: int = 0, nodes: int = 8_000, relations: int = 45, triples: int = 29_000
 ) -> Workload:
     """A synthetic knowledge graph the size of AIFB (Zipf relations, power-law endpoints)."""
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     relation = _zipf(relations, triples, 1.2, gen)
     head = _zipf(nodes, triples, 0.8, gen)
     tail = _zipf(nodes, triples, 0.8, gen)
     perm = torch.randperm(nodes, generator=gen)  # popular nodes are not the low ids
     return rgcn_from_triples("rgcn-synthetic", perm[head], relation, perm[tail], nodes)
-
-
-def probe_pairs(
-    keys: torch.Tensor, probes: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pairs ``(i, s, o)`` of a kernel map with ``keys[i] == probes[o, s]``.
-
-    Input ``i`` feeds output ``o`` through offset ``s`` when its key is the one ``o`` probes
-    there. One sort of the keys and a binary search per probe (any device; the plain-torch
-    kernel map that :func:`kernel_map` and ``fusekit.nn.kmap.build_reference`` share).
-
-    Args:
-        keys: ``[N_in]`` int64 distinct keys of the inputs.
-        probes: ``[N_out, S]`` int64 key each output reads through each offset; negative where
-            the offset leaves the grid.
-
-    Returns:
-        ``(gather, segment, scatter)``, int64, sorted by (segment, scatter).
-    """
-    import torch
-
-    sorted_keys, order = torch.sort(keys)
-    gathers, segments, scatters = [], [], []
-    by_offset = probes.T.contiguous()
-    for s in range(probes.shape[1]):
-        probe = by_offset[s]
-        at = torch.searchsorted(sorted_keys, probe).clamp(max=max(len(keys) - 1, 0))
-        if len(keys):
-            hit = (probe >= 0) & (sorted_keys[at] == probe)
-        else:
-            hit = torch.zeros_like(probe, dtype=torch.bool)
-        gathers.append(order[at[hit]])
-        scatters.append(torch.nonzero(hit).flatten())
-        segments.append(torch.full((len(scatters[-1]),), s, device=keys.device))
-    cat = (torch.cat(gathers), torch.cat(segments), torch.cat(scatters))
-    return cat[0].long(), cat[1].long(), cat[2].long()
 
 
 def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
@@ -164,8 +122,6 @@ def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
     Returns:
         The workload (``kernel ** 3`` segments, sum reduce).
     """
-    import torch
-
     coords = coords.long()
     if coords.dim() != 2 or coords.shape[1] != 3 or kernel % 2 == 0:
         raise ValueError(
@@ -190,8 +146,6 @@ def kernel_map(name: str, coords: torch.Tensor, kernel: int = 3) -> Workload:
 
 def conv_shaped(seed: int = 0, voxels: int = 20_000, planes: int = 6) -> Workload:
     """Voxels on a few random planes (LiDAR-like surfaces), submanifold 3x3x3 kernel map."""
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     per_plane = voxels // planes
     clouds = []
@@ -207,8 +161,6 @@ def conv_shaped(seed: int = 0, voxels: int = 20_000, planes: int = 6) -> Workloa
 
 def moe_shaped(seed: int = 0, tokens: int = 4_096, experts: int = 8, top_k: int = 2) -> Workload:
     """Top-k routing of tokens to experts with Zipf(1.0) expert popularity; gates sum to 1."""
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     popularity = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
     logits = torch.log(popularity) + torch.randn(
@@ -294,9 +246,6 @@ def varied(seed: int, count: int) -> list[Sized]:
     Returns:
         The problems, in order.
     """
-    import random
-    from dataclasses import replace
-
     out = []
     for i in range(count):
         rng = random.Random(seed + i)
@@ -309,7 +258,7 @@ def varied(seed: int, count: int) -> list[Sized]:
                 triples=rng.randint(2_000, 12_000),
             )
             wl = replace(wl, reduce=rng.choice(("mean", "mean", "mean", "sum", "max")))
-            widths = (16, 32, 64, 128)
+            widths: tuple[int, ...] = (16, 32, 64, 128)
         elif family == "conv":
             wl = conv_shaped(seed + i, voxels=rng.randint(3_000, 10_000), planes=rng.randint(2, 8))
             widths = (16, 32, 64, 128)
@@ -324,8 +273,6 @@ def varied(seed: int, count: int) -> list[Sized]:
 
 
 def _zipf(n: int, count: int, exponent: float, gen: torch.Generator) -> torch.Tensor:
-    import torch
-
     weights = 1.0 / torch.arange(1, n + 1, dtype=torch.float64) ** exponent
     return torch.multinomial(weights, count, replacement=True, generator=gen)
 
@@ -335,7 +282,5 @@ def _linear(c: torch.Tensor, span: int) -> torch.Tensor:
 
 
 def _offsets(half: int) -> list[torch.Tensor]:
-    import torch
-
     r = range(-half, half + 1)
     return [torch.tensor([i, j, k]) for i in r for j in r for k in r]

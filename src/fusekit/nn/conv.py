@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fusekit.errors import expected
-from fusekit.nn import kmap as km
+from fusekit.gms import kmap as km
+from fusekit.gms.kmap.grid import MAX_AXIS, check_grid
 from fusekit.nn.engine import fingerprint, local_target, strategy_for
-from fusekit.nn.grid import MAX_AXIS, check_grid
 
 if TYPE_CHECKING:
     from fusekit.gms import GMSPlan

@@ -1,7 +1,7 @@
 r"""The voxel grid of sparse 3-D convolution: its sizes, its linear keys and their limits.
 
 Voxels ``(b, z, y, x)`` live in ``[0, B) x [0, Z) x [0, Y) x [0, X)``; the kernel-map builders
-(:mod:`fusekit.nn.kmap`) key them by
+(:mod:`fusekit.gms.kmap`) key them by
 
 .. math::
 
@@ -17,7 +17,7 @@ accepted only when
   zero in the builder),
 
 and a strided convolution's output grid ``floor((S + 2p - 3) / s) + 1`` must pass the same test
-(with ``1 <= s, 0 <= p <= 2^31``).
+(with ``1 <= s, 0 <= p <= 2^31``). :func:`check_indices` checks the voxels against the grid.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from typing import Any
+
+import numba
+import numpy as np
+import torch
 
 from fusekit.errors import expected
 
@@ -142,4 +146,87 @@ def check_output_grid(
     return out, s, p
 
 
-__all__ = ["MAX_AXIS", "MAX_CELLS", "MAX_VOXELS", "check_grid", "check_output_grid", "output_shape"]
+def duplicate_message(coords: np.ndarray | torch.Tensor, row: int) -> str:
+    """The error of a voxel repeated at ``row`` of ``coords``."""
+    voxel = tuple(int(v) for v in coords[row])
+    return expected(
+        "kernel map", "indices", "distinct voxels (b, z, y, x)", f"{voxel} repeated at row {row}"
+    )
+
+
+@numba.njit(cache=True)  # serial: one read of 16 B per voxel, less than a parallel launch
+def _outside(values, bounds):  # type: ignore[no-untyped-def]
+    """Whether some row of ``values [N, 4]`` leaves ``[0, bounds)`` (one pass, stops early).
+
+    numpy's ``values.min(0)`` / ``max(0)`` reduce a 4-wide axis 0 in strides (twice per fresh
+    forward: the tensor's check and the map's); this loop reads each voxel once. Reference:
+    :func:`_outside_reference`.
+    """
+    for i in range(values.shape[0]):
+        for a in range(4):
+            v = values[i, a]
+            if v < 0 or v >= bounds[a]:
+                return True
+    return False
+
+
+def _outside_reference(indices: torch.Tensor, bounds: torch.Tensor) -> bool:
+    """:func:`_outside` in torch (any device): column minima and maxima against the bounds."""
+    if indices.shape[0] == 0:
+        return False
+    low, high = torch.aminmax(indices, dim=0)
+    return bool((low < 0).any() | (high >= bounds).any())
+
+
+def check_indices(
+    indices: torch.Tensor, spatial_shape: tuple[int, int, int], batch_size: int
+) -> tuple[int, int, int]:
+    """Raise unless ``indices`` are ``[N, 4]`` int32/int64 voxels inside the shape and batches.
+
+    The grid itself is checked first (:func:`check_grid`: integer sizes, and linear keys that
+    fit int64).
+
+    Returns:
+        ``spatial_shape`` as 3 ints.
+
+    Raises:
+        TypeError: not an integer tensor; sizes that are not integers.
+        ValueError: another shape, a grid out of range, more than ``2^31 - 1`` voxels, or a
+            voxel outside ``[0, batch_size) x spatial_shape``.
+    """
+    spatial_shape, batch_size = check_grid(spatial_shape, batch_size)
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(expected("sparse conv", "indices", "a torch.Tensor", type(indices)))
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            expected("sparse conv", "indices", "int32 or int64", str(indices.dtype).split(".")[-1])
+        )
+    if indices.dim() != 2 or indices.shape[1] != 4 or indices.shape[0] > MAX_VOXELS:
+        raise ValueError(
+            expected(
+                "sparse conv",
+                "indices",
+                f"[N, 4] (b, z, y, x) with N <= {MAX_VOXELS}",
+                tuple(indices.shape),
+            )
+        )
+    if indices.shape[0] == 0:
+        return spatial_shape
+    bounds = torch.tensor([batch_size, *spatial_shape], device=indices.device)
+    if indices.device.type == "cpu" and indices.is_contiguous():
+        outside = _outside(indices.numpy(), bounds.numpy())
+    else:
+        outside = _outside_reference(indices, bounds)
+    if outside:  # the row is found only on failure
+        bad = ((indices < 0) | (indices >= bounds)).any(1)
+        row = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            expected(
+                "sparse conv",
+                "indices",
+                f"voxels (b, z, y, x) in [0, {batch_size}) x {tuple(spatial_shape)} "
+                "(batch_size x spatial_shape)",
+                f"{tuple(int(v) for v in indices[row])} at row {row}",
+            )
+        )
+    return spatial_shape

@@ -6,10 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fusekit.gms import kmap as km
 from fusekit.gms import plan
 from fusekit.gms.features import features
-from fusekit.gms.problem import _TENSOR_FIELDS, GMSPlan
-from fusekit.nn import kmap as km
+from fusekit.gms.kmap import grid as km_grid
+from fusekit.gms.kmap import hits as km_hits
+from fusekit.gms.kmap import keys as km_keys
+from fusekit.gms.kmap import pairs as km_pairs
+from fusekit.gms.kmap import primitives as km_primitives
+from fusekit.gms.planning.format import TENSOR_FIELDS
+from fusekit.gms.planning.layout import GMSPlan
 
 SHAPE = (9, 8, 10)
 CASES = [  # subm, stride, padding
@@ -89,7 +95,7 @@ def test_empty_and_isolated_voxels():
 
 
 def _assert_plans_equal(a: GMSPlan, b: GMSPlan) -> None:
-    for name in (*_TENSOR_FIELDS, "num_pairs", "n_in", "n_out", "num_segments", "schedule"):
+    for name in (*TENSOR_FIELDS, "num_pairs", "n_in", "n_out", "num_segments", "schedule"):
         x, y = getattr(a, name), getattr(b, name)
         assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, name
 
@@ -243,18 +249,18 @@ def test_bounds_check_equals_reference(dtype):
         bad[row, axis] = value
         cases.append(bad)
     for case in cases:
-        got = km._outside(case.numpy(), bounds.numpy())
-        assert got == km._outside_reference(case, bounds)
+        got = km_grid._outside(case.numpy(), bounds.numpy())
+        assert got == km_grid._outside_reference(case, bounds)
 
 
 def test_row_runs_equal_key_runs():
     import numpy as np
 
     for idx in (voxels(), voxels(n=1), voxels(n=3000, batches=3, seed=2)):
-        keys, rows, _ = km._linear_keys(idx.numpy(), *SHAPE)
+        keys, rows, _ = km_keys.linear_keys(idx.numpy(), *SHAPE)
         order = np.argsort(keys, kind="stable")
-        fast = km._row_runs(rows[order], idx.numpy()[order, 3])
-        for got, ref in zip(fast, km._key_runs(keys[order], SHAPE[2]), strict=True):
+        fast = km_keys.row_runs(rows[order], idx.numpy()[order, 3])
+        for got, ref in zip(fast, km_keys.key_runs(keys[order], SHAPE[2]), strict=True):
             assert np.array_equal(got, ref)
 
 
@@ -294,18 +300,20 @@ def test_parallel_mirror_equals_serial():
     lower_counts = hits.counts.copy()
     lower_counts[:, 13:] = 0
     mask, counts = lower_mask.copy(), lower_counts.copy()
-    km._mirror(hits.hits, hits.hit_ptr, mask, counts, km._DEBRUIJN)
+    km_hits._mirror(hits.hits, hits.hit_ptr, mask, counts, km_primitives.DEBRUIJN)
     assert np.array_equal(mask, hits.mask) and np.array_equal(counts, hits.counts)
     for parts in (1, 2, 3, 7, 40):
         got_mask, got_counts = lower_mask.copy(), lower_counts.copy()
-        km._mirror_parallel(hits.hits, hits.hit_ptr, got_mask, got_counts, km._DEBRUIJN, parts)
+        km_hits._mirror_parallel(
+            hits.hits, hits.hit_ptr, got_mask, got_counts, km_primitives.DEBRUIJN, parts
+        )
         assert np.array_equal(got_mask, mask) and np.array_equal(got_counts, counts), parts
 
 
 def test_block_rows_equal_reference():
     import numpy as np
 
-    from fusekit.gms.problem import block_rows
+    from fusekit.gms.planning.build import block_rows
 
     gen = np.random.default_rng(0)
     ptrs = [np.zeros(1, np.int64), np.zeros(6, np.int64)]
@@ -313,13 +321,13 @@ def test_block_rows_equal_reference():
     for ptr in ptrs:
         for blocks in (1, 2, 3, 8, 32, 2000):
             ref = block_rows(torch.from_numpy(ptr), blocks).numpy()
-            assert np.array_equal(km._block_rows(ptr, blocks), ref), (len(ptr), blocks)
+            assert np.array_equal(km_pairs._block_rows(ptr, blocks), ref), (len(ptr), blocks)
 
 
 def test_pad_tiles_equal_reference():
     import numpy as np
 
-    from fusekit.gms.problem import tiles_of_runs
+    from fusekit.gms.planning.build import tiles_of_runs
 
     gen = np.random.default_rng(1)
     for segments, blocks in ((1, 1), (27, 1), (27, 8), (3, 40)):
@@ -328,7 +336,7 @@ def test_pad_tiles_equal_reference():
         run_ptr = np.concatenate([ends[:, :1] - sizes[:, :1], ends], 1)
         for tile_rows in (1, 4, 16, 64):
             ref = tiles_of_runs(torch.from_numpy(run_ptr), tile_rows, "pad")
-            got = km._tiles(run_ptr, tile_rows, "pad")
+            got = km_pairs._tiles(run_ptr, tile_rows, "pad")
             assert ref.keys() == got.keys()
             for name, value in ref.items():
                 assert torch.equal(got[name], value), (name, segments, blocks, tile_rows)
