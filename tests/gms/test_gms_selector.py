@@ -3,10 +3,19 @@ import json
 import pytest
 import torch
 
-from fusekit.gms import model, plan
+from fusekit.gms import Dataflow, Order, Strategy, model, plan
+from fusekit.gms.candidates import config_of
 from fusekit.gms.features import features, signature
 from fusekit.gms.search import hardware_key, space_of
-from fusekit.gms.selector import TreeSelector, load_tree, select, select_by_model, train_tree
+from fusekit.gms.selector import (
+    TRAINING,
+    Constraints,
+    TreeSelector,
+    load_tree,
+    select,
+    select_by_model,
+    train_tree,
+)
 from fusekit.search import TuningCache, point_key
 
 from .helpers_tuning import TARGET, small_problem
@@ -111,3 +120,63 @@ def test_shipped_tree_loads_when_present():
     if tree is None:
         pytest.skip("no shipped tree (benchmarks/gms_select.py --train writes it)")
     assert tree.dtype == "fp32" and tree.trained_on >= 30
+
+
+# ---- constraints: what a caller allows (kernel maps: pairwise; training; a named dataflow) ----
+
+PAIRWISE_ONLY = Constraints(orders=frozenset({Order.PAIRWISE}))
+
+
+def test_constraints_run_as_keeps_what_is_allowed_and_replaces_the_rest():
+    af = Strategy.parse("aggregate-first/(GM)seg-S")
+    assert Constraints().run_as(af, "cpu") == af
+    assert PAIRWISE_ONLY.run_as(af, "cpu") == Strategy.parse("(GM)seg-S")
+    named = Constraints(dataflows=frozenset({Dataflow.G_MSEG_S}))
+    assert named.run_as(af, "cpu") == Strategy.parse("aggregate-first/G-Mseg-S")
+    assert Constraints(training=True).run_as(af, "cpu") == TRAINING["cpu"]
+    assert Constraints(training=True).run_as(af, "gpu") == TRAINING["gpu"]
+    nothing = Constraints(orders=frozenset({Order.TRANSFORM_FIRST}))
+    assert nothing.run_as(Strategy(), "cpu") is None
+    assert not PAIRWISE_ONLY.allows(af, "sum", "cpu")
+    assert not Constraints().allows(af, "max", "cpu")  # the reduce's own rule
+
+
+def test_tree_runs_the_leafs_knobs_with_an_allowed_strategy():
+    tree = _tree()
+    narrow = features(plan(small_problem(seed=9)), 8, 8, torch.float32, False)
+    assert tree.choose(narrow) == FAST  # aggregate-first
+    assert tree.choose(narrow, PAIRWISE_ONLY) == {**FAST, "strategy": "(GMS)seg"}
+    assert tree.choose(narrow, Constraints(training=True)) == {**FAST, "strategy": "(GMS)seg"}
+    named = Constraints(orders=PAIRWISE_ONLY.orders, dataflows=frozenset({Dataflow.G_MS_SEG}))
+    assert tree.choose(narrow, named) == {**FAST, "strategy": "G-(MS)seg"}
+    choice = select(narrow, TARGET, PAIRWISE_ONLY, tree=tree)
+    assert choice.source == "tree" and choice.config.strategy == Strategy.parse("(GMS)seg")
+
+
+def test_model_answers_its_best_legal_configuration():
+    f = features(plan(small_problem()), 8, 8, torch.float32, False)
+    points = space_of(f, TARGET).points()
+    configs = [config_of(p) for p in points]
+    predicted = model.predict(f, configs, TARGET)
+    for constraints in (PAIRWISE_ONLY, Constraints(training=True)):
+        legal = [
+            t for c, t in zip(configs, predicted, strict=True)
+            if constraints.allows(c.strategy, f.reduce, "cpu")
+        ]  # fmt: skip
+        choice = select_by_model(f, TARGET, constraints=constraints)
+        assert constraints.allows(choice.config.strategy, f.reduce, "cpu")
+        assert choice.predicted_s == pytest.approx(min(legal))
+    with pytest.raises(ValueError, match="constraints"):
+        select_by_model(f, TARGET, constraints=Constraints(orders=frozenset()))
+
+
+def test_a_tuned_problem_answers_its_fastest_legal_point(tmp_path):
+    problem = small_problem()
+    f = features(plan(problem), 8, 8, torch.float32, False)
+    key = signature(problem, 8, 8, torch.float32, False)
+    cache = TuningCache(tmp_path / "t.json")
+    times = {point_key(FAST): 1e-3, point_key(THIRD): 2e-3}
+    cache.record(hardware_key(TARGET), key, f.group, f.vector(), times)
+    assert select(f, TARGET, key=key, cache=cache).point == FAST
+    pairwise = select(f, TARGET, PAIRWISE_ONLY, key=key, cache=cache)
+    assert pairwise.source == "cache" and pairwise.point == THIRD
