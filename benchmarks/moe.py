@@ -21,7 +21,7 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
 Forward+backward (``--train-tokens``, default 4, 64, 1024): ``dx``, the expert weights'
 gradients and the routing weights' gradient of ``sum(y * dy)``, through autograd for the hf loop
 and the ``grouped_mm`` composition and through ``fusekit.nn.MoE``'s own backward (expert
-segments; the transposed weights read as views, :func:`fusekit.nn.moe.swiglu_backward`). Every
+segments; the transposed weights read as views, :func:`fusekit.gms.experts.swiglu_backward`). Every
 gradient is checked against the hf loop's first. Its roofline counts the three GEMMs per
 forward GEMM (``3 x`` the forward FLOPs) and, as bytes, the active experts' weights read twice
 (forward, ``dx``) and their gradients written once (the other experts' gradients are zeros that
@@ -120,7 +120,7 @@ def floor_call(
     x: torch.Tensor, idx: torch.Tensor, gu: torch.Tensor, dn: torch.Tensor, fused: bool
 ) -> Callable[[], object]:
     """The two GEMMs per expert on pre-gathered contiguous inputs (torch.mm or segment_mm)."""
-    from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
+    from fusekit.gms.segments import segment_mm
 
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)

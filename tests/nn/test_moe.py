@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from fusekit.data.tokens import ROUTINGS, expert_load, moe_batch
-from fusekit.nn.moe import (
-    MoE,
-    from_mixtral,
-    swap_mixtral_moe,
-    swiglu_backward,
-    swiglu_backward_reference,
-)
+from fusekit.gms.experts import swiglu_backward, swiglu_backward_reference
+from fusekit.nn.moe import MoE, from_mixtral, swap_mixtral_moe
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""The one-call decode path of MoE against its general path (expert segments, _ExpertsFn)."""
+"""The one-call decode path of MoE against its general path (expert segments, SwiGLUExperts)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from fusekit.data.tokens import moe_batch
+from fusekit.gms.experts import SwiGLUExperts
+from fusekit.gms.fused_experts import DECODE_ROWS, _deal_items, decode_applies, experts_decode
 from fusekit.gms.kernels.cpu.skinny import PACKED_ROWS
-from fusekit.nn.moe import ExpertSegments, MoE, _ExpertsFn
-from fusekit.nn.moe_decode import DECODE_ROWS, _deal_items, decode_applies, experts_decode
+from fusekit.gms.routing import ExpertSegments
+from fusekit.nn.moe import MoE
 
 
 def _moe(experts, top_k, hidden=40, ffn=24, dtype=torch.float32, seed=0):
@@ -20,7 +22,7 @@ def _moe(experts, top_k, hidden=40, ffn=24, dtype=torch.float32, seed=0):
 def _general(moe, x, experts, weights):
     seg = ExpertSegments.of(experts, moe.num_experts)
     scale = weights.reshape(-1).to(x.dtype)
-    return _ExpertsFn.apply(x, moe.w_gate_up, moe.w_down, scale, seg)
+    return SwiGLUExperts.apply(x, moe.w_gate_up, moe.w_down, scale, seg)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

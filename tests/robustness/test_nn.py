@@ -134,7 +134,7 @@ CRASHES = {
     "experts_decode with routing rows > x rows": (
         _MOE
         + dedent("""
-        from fusekit.nn.moe_decode import experts_decode
+        from fusekit.gms.fused_experts import experts_decode
         e, w = torch.randint(0, 4, (40, 2)), torch.rand(40, 2)
         experts_decode(x, e, w, moe.w_gate_up, moe.w_down)
         """),

@@ -20,31 +20,33 @@ pair ``p = t k + j`` per routed (token, expert):
 Weights are stored in the g-mm-s layout (``[E, K, M]``, input-major), the transpose of HF's
 ``nn.Linear`` layout; :func:`from_mixtral` and :func:`swap_mixtral_moe` convert once.
 
-Routing changes every call, so planning must cost next to nothing. With ``strategy="auto"`` the
-block runs the ``G-Mseg-S`` dataflow on expert segments directly (:class:`ExpertSegments`: one
-stable argsort of the ``T k`` pairs by expert, no tiles or orders), with the gms kernels: numba
-row gather, one GEMM per expert segment into one buffer, and a numba reduce of the scaled rows
-into their tokens (each token's ``k`` rows read once, its output row written once). Its backward
-is written out in :class:`_ExpertsFn`. Without autograd and with at most
-:data:`~fusekit.nn.moe_decode.DECODE_ROWS` pairs per expert (decode-sized batches) the whole
-expert half instead runs in one numba call (:mod:`fusekit.nn.moe_decode`), which equals this path.
-A named gms strategy instead plans the two problems in full
-and runs :func:`fusekit.gms.gms` twice (every dataflow; slower to plan).
+Routing changes every call, so planning must cost next to nothing, and ``strategy="auto"``
+does not ask the gms selector (which ranks configurations of planned problems): the block runs
+the ``G-Mseg-S`` dataflow on expert segments directly (:func:`fusekit.gms.experts.swiglu_experts`
+on :class:`fusekit.gms.routing.ExpertSegments`: one stable argsort of the ``T k`` pairs by
+expert, no tiles or orders; numba row gather, one GEMM per expert segment, a numba reduce of
+the scaled rows into their tokens), with its backward written out. Without autograd and with at
+most :data:`~fusekit.gms.fused_experts.DECODE_ROWS` pairs per expert (decode-sized batches) the
+whole expert half instead runs in one numba call
+(:func:`fusekit.gms.fused_experts.experts_decode`), which equals it. A named gms strategy
+plans the two problems in full and runs :func:`fusekit.gms.gms` twice (every dataflow; slower
+to plan).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numba
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from fusekit.errors import expected
-from fusekit.gms.kernels.cpu.tile import FASTMATH
-from fusekit.nn.engine import needs_grad, prepare
-from fusekit.nn.moe_decode import check_routing, decode_applies, experts_decode
+from fusekit.gms.experts import swiglu_experts
+from fusekit.gms.fused_experts import decode_applies, experts_decode
+from fusekit.gms.problem import GMSProblem
+from fusekit.gms.routing import ExpertSegments, check_routing
+from fusekit.nn.engine import Prepared, needs_grad, prepare
 
 
 class MoE(nn.Module):
@@ -55,7 +57,10 @@ class MoE(nn.Module):
         ffn_size: expert width (Mixtral's ``intermediate_size``).
         num_experts: experts ``E``.
         top_k: experts per token (``1 <= top_k <= num_experts``).
-        strategy: ``"auto"`` (the gms selector) or a gms strategy name.
+        strategy: ``"auto"``: expert segments, or the fused decode call for few pairs without
+            autograd (routing changes every call, so no plan is built for a selector to
+            choose; module docstring); or a gms strategy name, planned and run by
+            :func:`fusekit.gms.gms`.
 
     Attributes:
         router: ``[E, hidden]`` router weight (HF ``gate.weight``).
@@ -145,7 +150,7 @@ class MoE(nn.Module):
 
         Raises:
             TypeError, ValueError: operands that disagree in shape, dtype or device
-                (:func:`fusekit.nn.moe_decode.check_routing`: checked before any kernel
+                (:func:`fusekit.gms.routing.check_routing`: checked before any kernel
                 runs); an expert id outside ``[0, num_experts)``.
         """
         check_routing(x, experts, weights, self.w_gate_up, self.w_down)
@@ -160,19 +165,15 @@ class MoE(nn.Module):
             self.last_path = "expert segments (G-Mseg-S)"
             seg = ExpertSegments.of(experts, self.num_experts)
             scale = weights.reshape(-1).to(x.dtype)
-            if not needs_grad(x, self.w_gate_up, self.w_down, weights):
-                return expert_segments_forward(x, self.w_gate_up, self.w_down, scale, seg)[0]
-            return _ExpertsFn.apply(x, self.w_gate_up, self.w_down, scale, seg)
+            return swiglu_experts(x, self.w_gate_up, self.w_down, scale, seg)
         self.last_path = f"gms {self.strategy}"
         up, down = self.plans(experts, x)
         h = up(x, self.w_gate_up)
         a = F.silu(h[:, : self.ffn_size]) * h[:, self.ffn_size :]
         return down(a, self.w_down, weights.reshape(-1).to(x.dtype))
 
-    def plans(self, experts: torch.Tensor, x: torch.Tensor) -> tuple[Any, Any]:
+    def plans(self, experts: torch.Tensor, x: torch.Tensor) -> tuple[Prepared, Prepared]:
         """The two prepared g-mm-s of one routing (``experts``: ``[T, k]``)."""
-        from fusekit.gms.problem import GMSProblem
-
         tokens, k = experts.shape
         pairs = tokens * k
         token = torch.arange(tokens, device=x.device).repeat_interleave(k)
@@ -212,228 +213,18 @@ class MoE(nn.Module):
         )
 
 
-class ExpertSegments:
-    """The routed pairs ``p = t k + j`` sorted by expert: all the planning a call needs.
-
-    Attributes:
-        order: ``[P]`` pair at each sorted position (stable: tokens ascending within an expert).
-        token: ``[P]`` token of each sorted position.
-        segment_ptr: ``[E + 1]`` where each expert's positions start.
-        token_ptr: ``[T + 1]`` CSR of positions by token (``k`` each) ...
-        token_pos: ``[P]`` ... the sorted position of pair ``t k + j`` (the inverse of ``order``).
-        num_experts: ``E``.
-    """
-
-    def __init__(
-        self,
-        order: torch.Tensor,
-        token: torch.Tensor,
-        segment_ptr: torch.Tensor,
-        token_ptr: torch.Tensor,
-        token_pos: torch.Tensor,
-        num_experts: int,
-    ) -> None:
-        self.order, self.token, self.segment_ptr = order, token, segment_ptr
-        self.token_ptr, self.token_pos, self.num_experts = token_ptr, token_pos, num_experts
-
-    @classmethod
-    def of(cls, experts: torch.Tensor, num_experts: int) -> ExpertSegments:
-        """Sort the pairs of a ``[T, k]`` routing by expert."""
-        if experts.dtype not in (torch.int64, torch.int32) or experts.dim() != 2:
-            raise TypeError(expected("MoE", "experts", "[T, k] int64", f"{experts.dtype}"))
-        tokens, k = experts.shape
-        flat = experts.reshape(-1).long()
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
-            raise ValueError(
-                expected(
-                    "MoE", "experts", f"in [0, {num_experts})", f"[{flat.min()}, {flat.max()}]"
-                )
-            )
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=num_experts)
-        segment_ptr = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
-        segment_ptr[1:] = torch.cumsum(counts, 0)
-        token_pos = torch.empty_like(order)
-        token_pos[order] = torch.arange(order.numel(), device=flat.device)
-        token_ptr = torch.arange(0, tokens * k + 1, k, device=flat.device)
-        return cls(order, order // k, segment_ptr, token_ptr, token_pos, num_experts)
-
-
-def _host(x: torch.Tensor) -> bool:
-    """Whether the numba row kernels take ``x``."""
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-
-
-def _gather(x: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    if _host(x):
-        from fusekit.gms.kernels.cpu.rows import gather_rows_cpu
-
-        return gather_rows_cpu(x, index, out=out)
-    return x.index_select(0, index)
-
-
-def expert_segments_forward(
-    x: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    scale: torch.Tensor,
-    seg: ExpertSegments,
-    keep: bool = False,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The expert half on expert segments: ``y`` and, if ``keep``, ``(Xs, H, A, Z)``.
-
-    Without ``keep`` (inference) the four intermediates are the calling thread's scratch
-    buffers (:func:`fusekit.gms.kernels.cpu.rows.scratch`), reused by the next call. Fresh ones
-    cost a page fault per 4 KiB on every call (four ``[T k, 1024+]`` buffers: 100 MB at 1024
-    tokens top-6), and on this shared host that cost swings: in one run it put the call at
-    1.34-1.44x the bare expert GEMMs, which preallocate theirs. With ``keep`` they are new
-    tensors, saved for the backward.
-    """
-    from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm
-    from fusekit.gms.kernels.cpu.rows import scratch
-
-    rows, ffn, hidden = seg.token.shape[0], w_down.shape[1], w_down.shape[2]
-    if seg.token_ptr.shape[0] != x.shape[0] + 1 or tuple(scale.shape) != (rows,):
-        raise ValueError(
-            expected(
-                "expert_segments_forward",
-                "seg",
-                f"the segments of {x.shape[0]} tokens (rows of 'x') with a scale per pair",
-                f"{seg.token_ptr.shape[0] - 1} tokens, {rows} pairs, scale {list(scale.shape)}",
-            )
-        )
-
-    def buffer(name: str, cols: int) -> torch.Tensor:
-        if keep or not _host(x):
-            return x.new_empty(rows, cols)
-        return scratch(f"moe {name}", rows, cols, x.dtype)
-
-    xs = _gather(x, seg.token, out=buffer("xs", x.shape[1]) if _host(x) else None)
-    h = segment_mm(xs, w_gate_up, seg.segment_ptr, out=buffer("h", 2 * ffn))
-    gate, up = h[:, :ffn], h[:, ffn:]
-    a = torch.sigmoid(gate, out=buffer("a", ffn)).mul_(gate).mul_(up)  # silu(G) U, no temporary
-    z = segment_mm(a, w_down, seg.segment_ptr, out=buffer("z", hidden))
-    y = _reduce_tokens(z, scale, seg, x.shape[0])
-    return y, ((xs, h, a, z) if keep else ())
-
-
-def _reduce_tokens(
-    rows: torch.Tensor, scale: torch.Tensor, seg: ExpertSegments, tokens: int
-) -> torch.Tensor:
-    """``y[t] = sum_j scale[t k + j] * rows[token_pos[t k + j]]``."""
-    if _host(rows):
-        from fusekit.gms.kernels.cpu.rows import reduce_rows_cpu
-
-        return reduce_rows_cpu(
-            rows, seg.token_ptr, n_pairs=rows.shape[0], src_index=seg.token_pos, scale=scale
-        )
-    k = rows.shape[0] // max(tokens, 1)
-    picked = rows[seg.token_pos] * scale[:, None]
-    return picked.view(tokens, k, -1).sum(1)
-
-
-def swiglu_backward_reference(h: torch.Tensor, da: torch.Tensor) -> torch.Tensor:
-    r"""``[dG | dU]`` of ``A = silu(G) * U`` for ``H = [G | U]`` (torch; :func:`swiglu_backward`).
-
-    .. math:: dU = dA\, \mathrm{silu}(G), \qquad
-        dG = dA\, U\, \sigma(G) \big(1 + G (1 - \sigma(G))\big)
-    """
-    ffn = da.shape[1]
-    gate, up = h[:, :ffn], h[:, ffn:]
-    sig = torch.sigmoid(gate)
-    return torch.cat([da * up * (sig * (1 + gate * (1 - sig))), da * gate * sig], dim=1)
-
-
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _swiglu_backward_kernel(h, sig, da, dh):  # type: ignore[no-untyped-def]
-    n, ffn = da.shape
-    for r in numba.prange(n):
-        for j in range(ffn):
-            gate, up, s, d = h[r, j], h[r, ffn + j], sig[r, j], da[r, j]
-            silu = gate * s
-            dh[r, j] = d * up * (s + silu * (1 - s))
-            dh[r, ffn + j] = d * silu
-
-
-def swiglu_backward(h: torch.Tensor, da: torch.Tensor) -> torch.Tensor:
-    """:func:`swiglu_backward_reference` in two passes over the rows.
-
-    ``torch.sigmoid`` (a vectorised ``exp``; numba's scalar ``exp`` would not vectorise), then
-    one numba pass that reads ``H``, ``sigma(G)`` and ``dA`` and writes ``[dG | dU]``. The
-    reference makes ten passes and a copy (8 experts of ffn 3584, 1024 tokens top-2: 33 ms
-    against 87 ms). CPU float32/float64 only; other tensors take the reference.
-    """
-    if not _host(h):
-        return swiglu_backward_reference(h, da)
-    h, da = h.detach().contiguous(), da.detach().contiguous()
-    sig = torch.sigmoid(h[:, : da.shape[1]])
-    dh = torch.empty_like(h)
-    _swiglu_backward_kernel(h.numpy(), sig.numpy(), da.numpy(), dh.numpy())
-    return dh
-
-
-class _ExpertsFn(torch.autograd.Function):
-    """SwiGLU experts over expert segments, forward and backward (see the module docstring).
-
-    Forward, with ``Xs = x[token]`` (positions sorted by expert)::
-
-        H = Xs @ Wgu[e]          A = silu(G) * U  (H = [G | U])
-        Z = A @ Wd[e]            y[t] = sum_j c[t k + j] * Z[pos(t, j)]
-
-    Backward, with ``dZ[p] = c[p] * dy[token[p]]``::
-
-        dc[p] = <dy[token[p]], Z[p]>          dWd[e] = A_e^T dZ_e      dA = dZ @ Wd[e]^T
-        dG = dA * U * silu'(G)   dU = dA * silu(G)
-        dWgu[e] = Xs_e^T [dG | dU]            dx = scatter_add(token, [dG | dU] @ Wgu[e]^T)
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        x: torch.Tensor,
-        w_gate_up: torch.Tensor,
-        w_down: torch.Tensor,
-        scale: torch.Tensor,
-        seg: ExpertSegments,
-    ) -> torch.Tensor:
-        y, kept = expert_segments_forward(x, w_gate_up, w_down, scale, seg, keep=True)
-        ctx.save_for_backward(x, w_gate_up, w_down, scale, *kept)
-        ctx.seg = seg
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        from fusekit.gms.kernels.cpu.g_mseg_s import segment_mm, segment_outer_mm
-
-        x, w_gate_up, w_down, scale, xs, h, a, z = ctx.saved_tensors
-        seg: ExpertSegments = ctx.seg
-        e = seg.num_experts
-        dy = dy.contiguous()
-        dy_rows = _gather(dy, seg.token)
-        c = scale[seg.order]
-        d_scale = (dy_rows * z).sum(1)[seg.token_pos]
-        dz = dy_rows * c[:, None]
-        d_w_down = segment_outer_mm(a, dz, seg.segment_ptr, e)
-        # the weights transposed as views: a copy of each would cost more than its GEMM
-        da = segment_mm(dz, w_down.transpose(1, 2), seg.segment_ptr)
-        dh = swiglu_backward(h, da)
-        d_w_gate_up = segment_outer_mm(xs, dh, seg.segment_ptr, e)
-        dxs = segment_mm(dh, w_gate_up.transpose(1, 2), seg.segment_ptr)
-        dx = torch.zeros_like(x).index_add_(0, seg.token, dxs)
-        return dx, d_w_gate_up, d_w_down, d_scale, None
-
-
 def from_mixtral(block: nn.Module, strategy: str = "auto") -> MoE:
     """A :class:`MoE` with the weights of an HF ``MixtralSparseMoeBlock`` (transposed once).
 
     Reads ``block.gate.weight`` ``[E, hidden]``, ``block.experts.gate_up_proj``
     ``[E, 2 ffn, hidden]`` and ``block.experts.down_proj`` ``[E, hidden, ffn]`` (transformers 5).
     """
+    hf: Any = block  # transformers' attributes, read by name
     try:
-        router = block.gate.weight
-        gate_up = block.experts.gate_up_proj
-        down = block.experts.down_proj
-        top_k = int(block.top_k)
+        router = hf.gate.weight
+        gate_up = hf.experts.gate_up_proj
+        down = hf.experts.down_proj
+        top_k = int(hf.top_k)
     except AttributeError as e:
         raise TypeError(
             expected(

@@ -1,14 +1,15 @@
 r"""Few-token MoE experts in one numba call: routing sort, gathered GEMMs, SwiGLU and the sum.
 
 When no expert receives more than :data:`DECODE_ROWS` of the ``T k`` (token, expert) pairs
-(decode-sized batches), the time is streaming each hit expert's
-``3 x hidden x ffn`` weights once from DRAM, and the torch ops around the two GEMMs of the
-general path (argsort, bincount, cumsum, gather, silu, reduce: about a dozen dispatches and
-allocations) are what separates it from the bare GEMMs (0.4-0.9 ms measured at one token). This
-path does the whole expert half in one call, with no torch op in between:
+(decode-sized batches), the time is streaming each hit expert's ``3 x hidden x ffn`` weights
+once from DRAM, and the torch ops around the two GEMMs of the general path (argsort, bincount,
+cumsum, gather, silu, reduce: about a dozen dispatches and allocations) are what separates it
+from the bare GEMMs. This path does the whole expert half in one call, with no torch op in
+between:
 
-1. a stable counting sort of the pairs ``p = t k + j`` by expert ``e[t, j]``: ``ptr`` (where each
-   expert's positions start), ``token[q]`` (the token at position ``q``), ``pos[p]``;
+1. a stable counting sort of the pairs ``p = t k + j`` by expert ``e[t, j]``
+   (:func:`fusekit.gms.routing.sort_pairs`): ``ptr`` (where each expert's positions start),
+   ``token[q]`` (the token at position ``q``), ``pos[p]``;
 2. per item (expert ``e``, ffn columns ``[c0, c1)``), over the expert's positions ``q``::
 
        G = x[token[q]] @ Wgu[e][:, c0:c1]       U = x[token[q]] @ Wgu[e][:, F + c0:F + c1]
@@ -23,8 +24,9 @@ ones), comes within :data:`BALANCE_SLACK` of an even split; otherwise experts ar
 fewest column ranges that balance the threads
 (:func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks`). The products are
 :func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w` (weight-streaming for few rows, packed
-panels for many), gathering ``x`` rows in place. The
-reference is the general path (:class:`fusekit.nn.moe._ExpertsFn`), which the tests compare with.
+panels for many), gathering ``x`` rows in place. The reference is the general path
+(:func:`fusekit.gms.experts.swiglu_experts` on :class:`fusekit.gms.routing.ExpertSegments`),
+which the tests compare with.
 """
 
 from __future__ import annotations
@@ -41,46 +43,15 @@ from fusekit.gms.kernels.cpu.rows import numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
 from fusekit.gms.kernels.cpu.skinny import item_cost, rows_times_w, segment_block
 from fusekit.gms.kernels.cpu.tile import FASTMATH
+from fusekit.gms.routing import BAD_EXPERT, DONE, check_routing, sort_pairs
 
-#: Most pairs one expert may receive on this path: up to 64 the fused call beats the general
-#: path's torch ops plus ATen ``mm`` (measured: 8x2 with 64 tokens, 63 rows on the top expert,
-#: 82 against 94 ms); at 245 rows ATen's GEMM is 1.2x faster than the streaming kernel.
+#: Most pairs one expert may receive on this path: beyond it ATen's GEMM on the general path
+#: overtakes the streaming kernel (``benchmarks/moe.py`` compares the paths by token count).
 DECODE_ROWS = 64
 
 #: Most a thread's share of whole-expert items may exceed an even split before experts are split
-#: into column ranges (measured, 2 threads, ``K = 1024``: rows of 256 columns run at 0.88 of the
-#: rate of rows of 1024, so a split costs about 12% of every item's time).
+#: into column ranges (a split's shorter rows stream slower, a cost on every item's time).
 BALANCE_SLACK = 1.08
-
-#: ``_decode_kernel`` return codes.
-DONE, TOO_MANY_ROWS, BAD_EXPERT = 1, 0, -1
-
-
-@numba.njit(cache=True)
-def _sort_pairs(experts, num_experts, max_rows):  # type: ignore[no-untyped-def]
-    """Stable counting sort of the pairs by expert; ``status`` is a return code above."""
-    tokens, k = experts.shape
-    pairs = tokens * k
-    ptr = np.zeros(num_experts + 1, dtype=np.int64)
-    token = np.empty(pairs, dtype=np.int64)
-    pos = np.empty(pairs, dtype=np.int64)
-    for p in range(pairs):
-        e = experts[p // k, p % k]
-        if e < 0 or e >= num_experts:
-            return BAD_EXPERT, ptr, token, pos
-        ptr[e + 1] += 1
-    for e in range(num_experts):
-        if ptr[e + 1] > max_rows:
-            return TOO_MANY_ROWS, ptr, token, pos
-        ptr[e + 1] += ptr[e]
-    fill = ptr[:-1].copy()
-    for p in range(pairs):
-        e = experts[p // k, p % k]
-        q = fill[e]
-        fill[e] = q + 1
-        pos[p] = q
-        token[q] = p // k
-    return DONE, ptr, token, pos
 
 
 @numba.njit(cache=True, fastmath=FASTMATH)
@@ -131,7 +102,7 @@ def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
     """The column split and the deal of items to threads: ``(chunks, order, tptr)``.
 
     Whole experts when their LPT deal is within :data:`BALANCE_SLACK` of an even split (full-width
-    rows run 10-15% faster than half-width ones); otherwise the
+    rows stream faster than split ones); otherwise the
     :func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks` split, which gives every thread the
     same number of (expert, range) items (e.g. one or three experts on two threads).
     """
@@ -145,7 +116,7 @@ def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
 def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out):  # type: ignore[no-untyped-def]
-    status, ptr, token, pos = _sort_pairs(experts, w_gate_up.shape[0], max_rows)
+    status, ptr, token, pos = sort_pairs(experts, w_gate_up.shape[0], max_rows)
     if status != DONE:
         return status
     tokens, k = experts.shape
@@ -178,79 +149,6 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
             for m in range(hidden):
                 out[t, m] += c * z[q, m]
     return DONE
-
-
-def _describe(t: object) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    return f"{str(t.dtype).split('.')[-1]} {list(t.shape)} on {t.device}"
-
-
-def check_routing(
-    x: torch.Tensor,
-    experts: torch.Tensor,
-    weights: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    where: str = "MoE",
-) -> None:
-    """Raise unless the expert half's operands agree, before any kernel reads them.
-
-    O(1) (shapes, dtypes, devices); the expert ids' range is checked where they are read (the
-    sort of the decode kernel, :meth:`fusekit.nn.moe.ExpertSegments.of`, the gms problem).
-
-    Args:
-        x: ``[T, hidden]`` floating point.
-        experts: ``[T, k]`` int32/int64 expert ids, ``k >= 1`` (one row per row of ``x``).
-        weights: ``[T, k]`` floating-point routing weights.
-        w_gate_up: ``[E, hidden, 2 ffn]``, ``x``'s dtype.
-        w_down: ``[E, ffn, hidden]``, ``x``'s dtype.
-        where: the caller named in errors.
-
-    Raises:
-        TypeError: a non-tensor, float (or bool) expert ids, integer weights, or a dtype that
-            is not the expert weights'.
-        ValueError: disagreeing shapes or devices.
-    """
-    named = (("x", x), ("experts", experts), ("weights", weights))
-    named += (("w_gate_up", w_gate_up), ("w_down", w_down))
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(expected(where, name, "a torch.Tensor", _describe(t)))
-    if not x.is_floating_point() or x.dim() != 2:
-        raise TypeError(expected(where, "x", "[T, hidden] floating point", _describe(x)))
-    tokens, hidden = x.shape
-    if experts.dtype not in (torch.int32, torch.int64):
-        raise TypeError(expected(where, "experts", "int32 or int64 expert ids", _describe(experts)))
-    if experts.dim() != 2 or experts.shape[0] != tokens or experts.shape[1] < 1:
-        raise ValueError(
-            expected(
-                where, "experts", f"[{tokens}, k >= 1] (a row per token of 'x')", _describe(experts)
-            )
-        )
-    if not weights.is_floating_point():
-        raise TypeError(
-            expected(where, "weights", "floating-point routing weights", _describe(weights))
-        )
-    if weights.shape != experts.shape:
-        raise ValueError(
-            expected(where, "weights", f"{list(experts.shape)} like 'experts'", _describe(weights))
-        )
-    if w_gate_up.dim() != 3 or w_gate_up.shape[1] != hidden or w_gate_up.shape[2] % 2:
-        raise ValueError(
-            expected(where, "w_gate_up", f"[E, {hidden}, 2 ffn]", _describe(w_gate_up))
-        )
-    num_experts, ffn = w_gate_up.shape[0], w_gate_up.shape[2] // 2
-    if tuple(w_down.shape) != (num_experts, ffn, hidden):
-        raise ValueError(
-            expected(where, "w_down", f"[{num_experts}, {ffn}, {hidden}]", _describe(w_down))
-        )
-    for name, t in named[1:]:
-        if t.device != x.device:
-            raise ValueError(expected(where, name, f"on {x.device} like 'x'", t.device))
-    for name, t in named[3:]:
-        if t.dtype != x.dtype:
-            raise TypeError(expected(where, "x", f"{t.dtype} like '{name}'", x.dtype))
 
 
 def decode_applies(x: torch.Tensor, experts: torch.Tensor, num_experts: int) -> bool:
@@ -315,6 +213,3 @@ def experts_decode(
             )
         )
     return out if status == DONE else None
-
-
-__all__ = ["check_routing", "decode_applies", "experts_decode"]
