@@ -9,7 +9,12 @@ from typing import Annotated, Any
 import typer
 
 from fusekit.console import console, print_json, print_table, print_text, progress
+from fusekit.sparse.machine import Machine, MemoryModel
+from fusekit.sparse.sam.replay_cli import sam_replay
 from fusekit.sparse.schedule import CUTS
+
+# The sparse machinery, scipy and matplotlib load numpy: the commands import them when they run,
+# as the CLI mounts this module at start-up.
 
 app = typer.Typer(
     help="Sparse models (GCN, GraphSAGE, sparse autoencoder, BigBird attention) on a streaming "
@@ -39,8 +44,6 @@ FifoOption = Annotated[int, typer.Option(help="Tokens per FIFO.", min=1)]
 
 
 def _machine(fifo_depth: int, memory: bool) -> Any:
-    from fusekit.sparse.machine import Machine, MemoryModel
-
     return Machine(fifo_depth=fifo_depth, memory=MemoryModel() if memory else None)
 
 
@@ -338,7 +341,5 @@ def sam(
         sorted(result.tokens.items()),
     )
 
-
-from fusekit.sparse.sam.replay_cli import sam_replay  # noqa: E402
 
 app.command("sam-replay")(sam_replay)

@@ -31,6 +31,9 @@ import numpy as np
 
 from fusekit.errors import expected
 
+# scipy and torch are imported by the converters that use them: both are slow to load, and the
+# simulators and the per-token machine store tensors without either.
+
 #: The format names :func:`from_scipy`, :func:`from_dense` and :func:`from_torch` understand.
 FORMATS: tuple[str, ...] = ("dense", "csr", "csc", "dcsr", "coo", "bcsr")
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from fusekit.errors import expected
-from fusekit.ir import Access, Bin, Call, Graph, IVar, Op, Reduce, ReduceOp, parse_graph
-from fusekit.sparse.formats import SparseTensor, from_dense, from_torch
+from fusekit.ir import Access, Bin, Call, Graph, IVar, Op, Reduce, ReduceOp, capture, parse_graph
+from fusekit.sparse.formats import SparseTensor, from_dense, from_scipy, from_torch
 from fusekit.sparse.program import UNARY, Operand, Program, Statement
 
 
@@ -111,11 +111,9 @@ def from_graph(graph: Graph, values: Mapping[str, Any], name: str | None = None)
 def _stored(name: str, value: Any) -> SparseTensor:
     if isinstance(value, SparseTensor):
         return value
-    import scipy.sparse as sp
+    import scipy.sparse as sp  # slow to load, and a program from text needs none
 
     if sp.issparse(value):
-        from fusekit.sparse.formats import from_scipy
-
         return from_scipy(
             name, value, value.format if value.format in ("csr", "csc", "coo") else "csr"
         )
@@ -141,7 +139,5 @@ def from_text(text: str, values: Mapping[str, Any]) -> Program:
 
 def from_module(model: Any, args: tuple[Any, ...]) -> Program:
     """Capture a (sparse) PyTorch module with :func:`fusekit.ir.capture` and build its program."""
-    from fusekit.ir import capture
-
     cap = capture(model, args)
     return from_graph(cap.graph, cap.values(*args))

@@ -299,7 +299,9 @@ def _einsum_statement(
     letters = {v: chr(ord("a") + k) for k, v in enumerate(st.vars)}
     spec = ",".join("".join(letters[v] for v in o.vars) for o in st.operands)
     spec += "->" + "".join(letters[v] for v in st.out_vars)
-    import torch  # torch's einsum contracts through BLAS; numpy's is far slower here
+    # torch's einsum contracts through BLAS (numpy's is far slower here); loaded only here, as
+    # torch is slow to load and the rest of sparse runs on numpy
+    import torch
 
     value = torch.einsum(spec, *(torch.from_numpy(vals[o.tensor]) for o in st.operands)).numpy()
     ones = (torch.from_numpy(masks[o.tensor].astype(np.float32)) for o in st.operands)

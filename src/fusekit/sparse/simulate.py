@@ -21,7 +21,7 @@ from fusekit.errors import expected
 from fusekit.sparse.formats import SparseTensor, restore
 from fusekit.sparse.fusion_table import bound_prefix, context_depth, fork_granularity, fusion_legal
 from fusekit.sparse.machine import Machine
-from fusekit.sparse.program import Program, Statement
+from fusekit.sparse.program import Operand, Program, Statement
 from fusekit.sparse.schedule import Schedule
 from fusekit.sparse.streams import Trace, evaluate
 
@@ -437,8 +437,6 @@ def simulate(program: Program, schedule: Schedule, machine: Machine | None = Non
 
 
 def _rename(st: Statement, storage: dict[tuple[str, str], tuple[int, ...]]) -> Statement:
-    from fusekit.sparse.program import Operand
-
     ops = tuple(
         Operand(f"{o.tensor}_{''.join(map(str, storage[(st.out, o.tensor)]))}", o.vars)
         if (st.out, o.tensor) in storage

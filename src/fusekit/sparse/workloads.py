@@ -16,16 +16,15 @@ the ``partial`` cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
+import scipy.sparse as sp
 
+from fusekit.data import planetoid
 from fusekit.errors import expected
 from fusekit.sparse.formats import from_dense, from_scipy
+from fusekit.sparse.frontend import from_module
 from fusekit.sparse.program import Operand, Program, Statement
-
-if TYPE_CHECKING:
-    import scipy.sparse as sp
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,10 +49,6 @@ def _op(t: str, *v: str) -> Operand:
 
 
 def _graph(name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
-    import scipy.sparse as sp
-
-    from fusekit.data import planetoid
-
     g = planetoid(name)
     a = sp.csr_matrix(g.adjacency(), dtype=np.float64)
     x = sp.csr_matrix(g.x, dtype=np.float64)
@@ -63,8 +58,6 @@ def _graph(name: str) -> tuple[sp.csr_matrix, sp.csr_matrix, int]:
 
 def gcn(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
     """A 2-layer GCN on a citation graph of :mod:`fusekit.data`."""
-    import scipy.sparse as sp
-
     a, x, classes = _graph(graph)
     n = a.shape[0]
     a_hat = a + sp.identity(n, format="csr")
@@ -95,8 +88,6 @@ def gcn(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
 
 def graphsage(graph: str = "cora", hidden: int = 16, seed: int = 0) -> Workload:
     """A 2-layer GraphSAGE (mean aggregation, root weight) on a citation graph."""
-    import scipy.sparse as sp
-
     a, x, classes = _graph(graph)
     deg = np.maximum(np.asarray(a.sum(axis=1)).ravel(), 1.0)
     a_mean = sp.csr_matrix(sp.diags(1.0 / deg) @ a)
@@ -133,8 +124,6 @@ def autoencoder(
     batch: int = 32, features: int = 784, hidden: int = 128, sparsity: float = 0.9, seed: int = 0
 ) -> Workload:
     """A sparse autoencoder ``Y = sigmoid(relu(X W1) W2)`` on a ``sparsity``-sparse batch."""
-    import scipy.sparse as sp
-
     rng = np.random.default_rng(seed)
     mask = rng.random((batch, features)) >= sparsity
     x = sp.csr_matrix(np.where(mask, rng.random((batch, features)), 0.0))
@@ -181,8 +170,6 @@ def bigbird(
     Heads are independent and identical in cost (same mask), so a study of ``h`` heads
     simulates one and multiplies its cycles by ``h`` (``heads`` is recorded in the notes).
     """
-    import scipy.sparse as sp
-
     nb = tokens // block
     rng = np.random.default_rng(seed)
     blocks = bigbird_mask(tokens, block, seed=seed)
@@ -250,7 +237,7 @@ def load_workload(spec: str, quick: bool = False) -> Workload:
     """
     if ":" not in spec:
         return by_name(spec, quick)
-    from fusekit.ir.examples import as_example, call_factory
+    from fusekit.ir.examples import as_example, call_factory  # imports torch: files only
 
     made, factory, file = call_factory(spec)
     if isinstance(made, Workload):
@@ -268,7 +255,6 @@ def load_workload(spec: str, quick: bool = False) -> Workload:
                     type(made).__name__,
                 )
             )
-        from fusekit.sparse.frontend import from_module
 
         program = from_module(example.module, example.args)
     layers = tuple((st.out,) for st in program.statements)

@@ -36,7 +36,7 @@ def sam_replay(
     json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Replay SAM test vectors through the primitives; a pass/fail table (exit 1 if any fail)."""
-    from fusekit.sparse.sam.vectors import LATENCY, mismatches, replay_record
+    from fusekit.sparse.sam.vectors import LATENCY, mismatches, replay_record  # loads numpy
 
     records = load_vectors(vectors)
     results = []
