@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
+import torch
+from numba.np.numpy_support import carray
 
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.checks import (
@@ -43,9 +45,7 @@ from fusekit.gms.kernels.cpu.tile import (
 )
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 
 #: Pairs whose ``A`` and ``B`` rows the weight gradient gathers at a time (``CHUNK x (K + M)``
@@ -128,7 +128,7 @@ def _segment_outer_kernel(  # type: ignore[no-untyped-def]
     for th in numba.prange(threads):
         ag = np.zeros((CHUNK, k_pad), dtype=a.dtype)
         bg = np.zeros((CHUNK, m_pad), dtype=b.dtype)
-        acc = numba.carray(stack_buffer(a, MR_NR), (MR, NR))
+        acc = carray(stack_buffer(a, MR_NR), (MR, NR))
         for q in range(tptr[th], tptr[th + 1]):
             s = order[q]
             lo = segment_ptr[s]
@@ -179,7 +179,7 @@ def _pair_dot_kernel(  # type: ignore[no-untyped-def]
     bad = 0
     for item in numba.prange(item_ptr.shape[0] - 1):
         rows = stack_buffer(a_index, MR)
-        acc = numba.carray(stack_buffer(a, MR_NR), (MR, NR))
+        acc = carray(stack_buffer(a, MR_NR), (MR, NR))
         if item_ptr[item] < 0 or item_ptr[item + 1] > n_tiles:
             bad += 1
             continue
@@ -237,8 +237,6 @@ def segment_outer_cpu(
         TypeError: an operand has the wrong type or dtype.
         ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
-    import torch
-
     check_rows_operand("a", a)
     check_rows_operand("b", b, a.dtype)
     check_index("a_index", a_index, plan.num_pairs)
@@ -286,8 +284,6 @@ def pair_dot_cpu(
         TypeError: an operand has the wrong type or dtype.
         ValueError: an operand's shape is wrong, or a guarded index is out of range.
     """
-    import torch
-
     check_operands(a, w, None, plan.num_pairs, plan.num_segments, x_name="a")
     check_rows_operand("b", b, a.dtype)
     if b.shape[1] != w.shape[2]:

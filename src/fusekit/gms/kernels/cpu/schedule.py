@@ -31,8 +31,8 @@ def lpt_schedule(costs, threads):  # type: ignore[no-untyped-def]
     ptr = np.zeros(threads + 1, dtype=np.int64)
     for i in range(costs.shape[0]):
         ptr[owner[i] + 1] += 1
-    for t in range(threads):
-        ptr[t + 1] += ptr[t]
+    for th in range(threads):
+        ptr[th + 1] += ptr[th]
     fill = ptr[:-1].copy()
     order = np.empty(costs.shape[0], dtype=np.int64)
     for i in range(costs.shape[0]):

@@ -2,10 +2,9 @@
 
 With at most ``SKINNY_ROWS`` rows per segment (MoE experts at decode-sized batches), the time is
 reading ``w[s]`` once from DRAM: ``K M`` elements for ``2 R K M`` FLOPs. ATen's ``mm`` treats such
-a product as a small GEMM and streams ``w`` at a fraction of the bandwidth (measured here, 8
-experts ``K = 1024, M = 7168``, 2 threads: 16.6 / 5.5 / 3.2 GB/s with 2 / 16 / 64 rows in all,
-against 22.4 / 15.1 / 7.9 GB/s for this kernel). One call covers every small segment: work items
-are (segment, column range) pairs, each item computing::
+a product as a small GEMM and streams ``w`` at a fraction of the bandwidth (``benchmarks/moe.py``
+compares the two as ``floor torch.mm`` and ``floor segment_mm``). One call covers every small
+segment: work items are (segment, column range) pairs, each item computing::
 
     out[lo + r, c0:c1] = sum_k a[lo + r, k] * w[s, k, c0:c1]
 
@@ -13,14 +12,14 @@ with its ``R x (c1 - c0)`` accumulators in a thread-local buffer (L1/L2). The ``
 unrolled by 4 and rows are taken two at a time, so each loaded vector of ``w`` feeds eight fused
 multiply-adds. A segment is split into ``threads / gcd(segments, threads)`` column ranges, the
 fewest that give every thread the same number of items: whole matrices stream best (contiguous),
-and short column runs of narrow matrices defeat the prefetcher (6 experts of ``1024 x 1024`` at
-one row each: 9.9 GB/s split in two column halves). Reference: ``torch.mm`` per segment.
+and short column runs of narrow matrices defeat the prefetcher. Reference: ``torch.mm`` per
+segment.
 
 From :data:`PACKED_ROWS` rows of one product (MoE experts hit by many of a few dozen tokens),
 the FMAs cost more than the stream and the accumulators' round trips through L1/L2 cap the
-streaming loop at about 0.75 of a core's peak; :func:`packed_rows_times_w` then copies ``KC x
-NC`` blocks of ``w`` into a padded panel and keeps an ``MR x NR`` tile in registers across the
-panel's depth (0.85-0.95 measured at 64 rows), as a BLAS GEMM does.
+streaming loop below a core's peak; :func:`packed_rows_times_w` then copies ``KC x NC`` blocks of
+``w`` into a padded panel and keeps an ``MR x NR`` tile in registers across the panel's depth,
+as a BLAS GEMM does.
 """
 
 from __future__ import annotations
@@ -30,9 +29,11 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 from numba import prange
+from numba.np.numpy_support import carray
 
 from fusekit.errors import expected
-from fusekit.gms.kernels.cpu.rows import numpy_of
+from fusekit.gms.kernels.cpu.checks import check_rows_operand, check_segment_ptr
+from fusekit.gms.kernels.cpu.rows import check_out, numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
 from fusekit.gms.kernels.cpu.tile import FASTMATH, MR, MR_NR, NR, stack_buffer
 
@@ -43,9 +44,8 @@ if TYPE_CHECKING:
 SKINNY_ROWS = 16
 
 
-#: Rows from which :func:`rows_times_w` packs panels of ``w`` (:func:`packed_rows_times_w`).
-#: Measured, one thread, ``K = 512 / 1024``, ``M = 1024``, GFLOP/s streaming against packed:
-#: 16 rows 25.0-26.4 / 24.3-27.3, 32 rows 24.6-25.5 / 27.7-30.3, 64 rows 25.4 / 30.0-32.0.
+#: Rows from which :func:`rows_times_w` packs panels of ``w`` (:func:`packed_rows_times_w`):
+#: from about here the packed register tile outruns the streaming loop.
 PACKED_ROWS = 24
 #: Depth and width of a packed panel of ``w`` (``KC x NC`` fp32: 64 KiB, an L2 resident).
 KC, NC = 256, 64
@@ -101,7 +101,7 @@ def packed_rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-d
     depth = w.shape[0]
     n = a_rows.shape[0]
     whole = c0 + (c1 - c0) // NR * NR
-    tile = numba.carray(stack_buffer(acc, MR_NR), (MR, NR))
+    tile = carray(stack_buffer(acc, MR_NR), (MR, NR))
     panel = np.empty((KC, NC + NR), dtype=w.dtype)
     for n0 in range(c0, whole, NC):
         nc = min(NC, whole - n0)
@@ -234,7 +234,7 @@ def rows_times_wt(a, a_rows, wt, c0, c1, acc):  # type: ignore[no-untyped-def]
     depth = wt.shape[1]
     n = a_rows.shape[0]
     tail = depth - depth % LANES
-    lanes = numba.carray(stack_buffer(acc, MR_NR), (8, LANES))
+    lanes = carray(stack_buffer(acc, MR_NR), (8, LANES))
     for m0 in range(c0, c1, 4):
         nm = min(4, c1 - m0)
         m1 = m0 + 1 if nm > 1 else m0
@@ -270,9 +270,9 @@ def segment_block(a, w, lo, hi, c0, c1, out, transposed=False):  # type: ignore[
     out[lo:hi, c0:c1] = acc
 
 
-#: Rows at which an item's FMAs take as long as streaming its ``w`` (fp32: 4 bytes per ``w``
-#: element at about 20 GB/s against ``2 x rows`` FLOPs at about 65 GFLOP/s, 2 cores): the
-#: ``ROWS_AT_BALANCE`` of :func:`item_cost`.
+#: Rows at which an item's FMAs take as long as streaming its ``w``: per fp32 element of ``w``,
+#: ``4 B / read_bytes_per_s = 2 rows / flops_per_s``, so ``rows = 2 flops_per_s /
+#: read_bytes_per_s`` (set for a 2-core laptop CPU); the ``ROWS_AT_BALANCE`` of :func:`item_cost`.
 ROWS_AT_BALANCE = 6
 
 
@@ -339,9 +339,6 @@ def segment_skinny_mm(
             do not match, or a listed segment is not one of ``w``'s with at most
             ``SKINNY_ROWS`` rows.
     """
-    from fusekit.gms.kernels.cpu.checks import check_rows_operand, check_segment_ptr
-    from fusekit.gms.kernels.cpu.rows import check_out
-
     if not segments:
         return out
     check_rows_operand("a", a)
