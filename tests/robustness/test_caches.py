@@ -418,13 +418,14 @@ def test_hw_show_with_a_corrupt_cache_warns_once_and_rewrites_it(tmp_path, conte
 
 
 def test_an_rgcn_forward_survives_a_corrupt_hw_cache_in_process(tmp_path, monkeypatch, caplog):
-    from fusekit.nn import RGCNConv, engine
+    from fusekit.gms import target
+    from fusekit.nn import RGCNConv
 
     path = tmp_path / "fusekit" / "hw-detect.json"
     path.parent.mkdir(parents=True)
     path.write_text('"a string"')
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(engine, "_TARGETS", {})
+    monkeypatch.setattr(target, "_TARGETS", {})
     monkeypatch.setattr(detect_module, "measure", lambda: FAKE)
     torch.manual_seed(0)
     conv = RGCNConv(4, 3, 2)

@@ -1,6 +1,6 @@
 r"""Sparse 3-D convolution on gms: ``SubMConv3d`` and ``SparseConv3d``, drop-in for spconv 2.x.
 
-For output voxel ``o`` and the kernel map's pairs ``(i, k, o)`` (:mod:`fusekit.nn.kmap`):
+For output voxel ``o`` and the kernel map's pairs ``(i, k, o)`` (:mod:`fusekit.gms.kmap`):
 
 .. math::
 
@@ -14,14 +14,14 @@ spconv's ``[out, 3, 3, 3, in]`` layout, so an spconv layer's ``state_dict`` load
 Per kernel map, once: the map's first pass (numba on the CPU: every pair found and counted), its
 features from those counts, the gms selector's choice of strategy and configuration for the
 layer's widths and dtype, and the second pass writing the pairs straight into the plan with the
-choice's knobs (:mod:`fusekit.nn.kmap`). Layers that share an ``indice_key`` share the map (as
+choice's knobs (:mod:`fusekit.gms.kmap`). Layers that share an ``indice_key`` share the map (as
 in spconv), and repeated forwards on the same :class:`SparseTensor` do no planning. A cached map
 is used only while its indices hold what they held when it was built: every use compares their
-:func:`fusekit.nn.engine.fingerprint` (one pass over the ``[N, 4]`` indices, about 0.1% of a
-forward at 100k voxels), so an in-place edit, even one the version counter misses (through
+:func:`fusekit.nn.engine.fingerprint` (one pass over the ``[N, 4]`` indices, small beside a
+forward), so an in-place edit, even one the version counter misses (through
 ``.data`` or a numpy array sharing the memory), builds and checks the map again.
 
-Grids are checked before any kernel runs (:mod:`fusekit.nn.grid`): integer sizes (6.7 is
+Grids are checked before any kernel runs (:mod:`fusekit.gms.kmap.grid`): integer sizes (6.7 is
 refused, not truncated), ``batch_size >= 1``, and ``B Z Y X < 2^63`` so that voxel keys fit int64.
 
 When to prefer which: ``SubMConv3d`` keeps the active set (outputs = inputs); ``SparseConv3d``
@@ -32,32 +32,37 @@ features per coordinate are equal).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
-from dataclasses import replace as dc_replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fusekit.errors import expected
+from fusekit.gms import GMSPlan
 from fusekit.gms import kmap as km
+from fusekit.gms.api import gms
+from fusekit.gms.candidates import Config, Dataflow, Order, Strategy
+from fusekit.gms.dispatch import mark_mirrored
+from fusekit.gms.features import Features
 from fusekit.gms.kmap.grid import MAX_AXIS, check_grid
-from fusekit.nn.engine import fingerprint, local_target, strategy_for
+from fusekit.gms.launch import launch
+from fusekit.gms.selector import Constraints, select
+from fusekit.gms.target import target_for
+from fusekit.nn.engine import fingerprint, needs_grad
 
-if TYPE_CHECKING:
-    from fusekit.gms import GMSPlan
-    from fusekit.gms.candidates import Config
-    from fusekit.gms.features import Features
+#: What a kernel map runs: pairwise only. It has one pair per (offset, input) and per
+#: (offset, output), so the other orders run as many GEMM rows as pairwise plus a reduce pass.
+KERNEL_MAP = Constraints(orders=frozenset({Order.PAIRWISE}))
 
 
 @dataclass(eq=False)
 class ConvMap:
     """A kernel map with its gms plans and choices, per (widths, dtype, device).
 
-    On the CPU the map starts as pass 1 of the numba builder (:class:`fusekit.nn.kmap.Hits`):
+    On the CPU the map starts as pass 1 of the numba builder (:class:`fusekit.gms.kmap.Hits`):
     the first :meth:`plan_for` selects the configuration from its counts and writes the pairs
-    straight into that configuration's packed plan; the :class:`~fusekit.nn.kmap.KernelMap`
+    straight into that configuration's packed plan; the :class:`~fusekit.gms.kmap.KernelMap`
     is then views of that plan. Later widths plan from the map (:func:`kmap.plan_kernel_map`).
 
     Attributes:
@@ -66,7 +71,7 @@ class ConvMap:
         subm: a submanifold map (outputs = inputs, offsets ``k`` and ``26 - k`` mirror each
             other), so a layer's input gradient may run on its forward plan
             (:func:`fusekit.gms.dispatch.mark_mirrored`).
-        plans: ``(K, M, dtype, device, strategy) -> (plan, config)``.
+        plans: ``(K, M, dtype, device, constraints) -> (plan, config)``.
         fingerprint: :func:`fusekit.nn.engine.fingerprint` of ``indices`` when the map was
             built (set for maps cached under an ``indice_key``): a map whose indices no longer
             match it is built again.
@@ -77,7 +82,7 @@ class ConvMap:
     subm: bool = False
     built: km.KernelMap | None = None
     fingerprint: tuple[Any, ...] | None = None
-    plans: dict[tuple[int, int, torch.dtype, str, str], tuple[GMSPlan, Config]] = field(
+    plans: dict[tuple[int, int, torch.dtype, str, Constraints], tuple[GMSPlan, Config]] = field(
         default_factory=dict
     )
 
@@ -91,20 +96,31 @@ class ConvMap:
         return self.built
 
     def plan_for(
-        self, k: int, m: int, dtype: torch.dtype, device: torch.device, strategy: str = "auto"
-    ) -> tuple[Any, Any]:
-        """The plan and configuration for operands of widths ``k``, ``m`` (cached)."""
-        from fusekit.gms.dispatch import mark_mirrored
+        self,
+        k: int,
+        m: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        constraints: Constraints = KERNEL_MAP,
+    ) -> tuple[GMSPlan, Config]:
+        """The plan and configuration for operands of widths ``k``, ``m`` (cached).
 
-        key = (k, m, dtype, str(device), strategy)
+        Args:
+            k: input channels.
+            m: output channels.
+            dtype: the features' dtype.
+            device: where the features live.
+            constraints: what the selector may answer (:func:`constraints_for` a layer).
+        """
+        key = (k, m, dtype, str(device), constraints)
         if key in self.plans:
             return self.plans[key]
         if self.hits is not None and device.type == "cpu":
-            cfg = choose(self.hits.features(k, m, dtype), device, strategy)
+            cfg = choose(self.hits.features(k, m, dtype), device, constraints)
             self.built, plan = self.hits.plan(*cfg.plan_knobs)
             self.hits = None
         else:
-            cfg = choose(km.features_of(self.kmap, k, m, dtype), device, strategy)
+            cfg = choose(km.features_of(self.kmap, k, m, dtype), device, constraints)
             plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs)
             plan = plan.to(device) if device.type != "cpu" else plan
         if self.subm:  # offsets k and 26 - k mirror each other: dX runs on this plan
@@ -113,34 +129,31 @@ class ConvMap:
         return plan, cfg
 
 
-@functools.cache
-def _h100() -> Any:
-    """The H100 preset that describes a CUDA device (read from its YAML once per process)."""
-    from fusekit.hw import load
+def constraints_for(strategy: str, training: bool) -> Constraints:
+    """What a layer with ``strategy`` may run: pairwise, a named dataflow alone, or training's.
 
-    return load("h100")
+    Under training (``"auto"`` only) the selector answers its training strategy.
 
-
-def choose(features: Features, device: torch.device, strategy: str = "auto") -> Config:
-    """The gms selector's configuration for a map's features (``select(features, target)``).
-
-    A kernel map has one pair per (offset, input) and per (offset, output), so the
-    transform-first and aggregate-first orders run as many GEMM rows as the pairwise order plus
-    a reduce pass; where the selector answers one of them (its tree extrapolating beyond the
-    problems it was trained on), the same dataflow and knobs run pairwise. A ``strategy`` other
-    than ``"auto"`` (a pairwise gms dataflow) replaces the selected one, keeping its knobs.
+    Args:
+        strategy: ``"auto"`` or a gms dataflow name.
+        training: whether autograd records the call.
     """
-    from fusekit.gms.candidates import Order, Strategy
-    from fusekit.gms.selector import select
+    if strategy == "auto":
+        return Constraints(orders=KERNEL_MAP.orders, training=training)
+    dataflow = Strategy.parse(strategy).dataflow
+    return Constraints(orders=KERNEL_MAP.orders, dataflows=frozenset({dataflow}))
 
-    # a CUDA device is described by the H100 preset; the CPU by its (once per process) detection
-    target: Any = _h100() if device.type == "cuda" else local_target(device)
-    cfg = select(features, target).config
-    if strategy != "auto":
-        cfg = dc_replace(cfg, strategy=Strategy.parse(strategy))
-    if cfg.strategy.order is not Order.PAIRWISE:
-        cfg = dc_replace(cfg, strategy=Strategy(Order.PAIRWISE, cfg.strategy.dataflow))
-    return cfg
+
+def choose(
+    features: Features, device: torch.device, constraints: Constraints = KERNEL_MAP
+) -> Config:
+    """The gms selector's configuration for a map's features on ``device``'s measured target.
+
+    ``select(features, target_for(device), constraints)``: the best configuration the layer may
+    run (where the shipped tree answers another order or dataflow, the leaf's knobs run with the
+    allowed strategy: :meth:`~fusekit.gms.selector.Constraints.run_as`).
+    """
+    return select(features, target_for(device), constraints).config
 
 
 @dataclass(eq=False)
@@ -152,7 +165,7 @@ class SparseTensor:
         indices: ``[N, 4]`` int32 distinct voxels ``(b, z, y, x)``.
         spatial_shape: ``(Z, Y, X)``, ints in ``[1, 2^31]``.
         batch_size: batches, an int in ``[1, 2^31]``; ``B Z Y X < 2^63``
-            (:func:`fusekit.nn.grid.check_grid`).
+            (:func:`fusekit.gms.kmap.grid.check_grid`).
         maps: kernel maps by ``indice_key``, shared with the tensors that layers return; each
             is used while the indices keep the contents it was built on (a content check).
     """
@@ -227,11 +240,11 @@ class SparseTensor:
     def from_spconv(cls, tensor: Any) -> SparseTensor:
         """From spconv's ``SparseConvTensor`` (features, indices, shape and batch size)."""
         shape = tuple(tensor.spatial_shape)
-        return cls(tensor.features, tensor.indices, shape, tensor.batch_size)  # type: ignore[arg-type]
+        return cls(tensor.features, tensor.indices, shape, tensor.batch_size)
 
     def to_spconv(self) -> Any:
         """To spconv's ``SparseConvTensor`` (needs spconv; indices as int32)."""
-        import spconv.pytorch as spconv
+        import spconv.pytorch as spconv  # optional: the peer this layer replaces
 
         return spconv.SparseConvTensor(
             self.features, self.indices.int(), list(self.spatial_shape), self.batch_size
@@ -269,7 +282,7 @@ def _triple(name: str, value: int | tuple[int, ...], low: int) -> tuple[int, int
         raise ValueError(
             expected("sparse conv", name, f"an int in [{low}, {MAX_AXIS}] or 3 of them", value)
         )
-    return values  # type: ignore[return-value]
+    return values
 
 
 class _SparseConv(torch.nn.Module):
@@ -292,8 +305,6 @@ class _SparseConv(torch.nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        from fusekit.gms.candidates import Dataflow
-
         dataflows = [d.value for d in Dataflow]
         if strategy != "auto" and strategy not in dataflows:
             raise ValueError(
@@ -376,9 +387,6 @@ class _SparseConv(torch.nn.Module):
             ValueError: its channels are not ``in_channels``; duplicate voxels; an
                 ``indice_key`` reused on other indices.
         """
-        from fusekit.gms import gms
-        from fusekit.gms.launch import launch
-
         name = type(self).__name__
         if not isinstance(x, SparseTensor):
             raise TypeError(expected(name, "x", "a fusekit.nn.SparseTensor", type(x).__name__))
@@ -398,9 +406,13 @@ class _SparseConv(torch.nn.Module):
                 )
             )
         entry = self._map(x)
-        strategy = strategy_for(self.strategy, x.features, self.weight)
+        training = needs_grad(x.features, self.weight)
         plan, cfg = entry.plan_for(
-            self.in_channels, self.out_channels, x.features.dtype, x.features.device, strategy
+            self.in_channels,
+            self.out_channels,
+            x.features.dtype,
+            x.features.device,
+            constraints_for(self.strategy, training),
         )
         # [out, 3, 3, 3, in] -> [27, in, out]: W_k = weight[:, k].T
         w = self.weight.reshape(self.out_channels, 27, self.in_channels).permute(1, 2, 0)
@@ -428,8 +440,8 @@ class SubMConv3d(_SparseConv):
         indice_key: layers with one key share a kernel map on a :class:`SparseTensor`, kept
             while its indices are unchanged (a fingerprint of their contents is compared on
             every use, so in-place edits of the indices, tracked or not, rebuild it).
-        strategy: ``"auto"`` (the gms selector's choice; under autograd the device's
-            :data:`~fusekit.nn.engine.TRAINING_STRATEGY`) or a gms dataflow to run pairwise,
+        strategy: ``"auto"`` (the gms selector's choice; under autograd the target's
+            :data:`fusekit.gms.selector.TRAINING` strategy) or a gms dataflow to run pairwise,
             e.g. ``"G-Mseg-S"``.
         device, dtype: of the parameters.
     """

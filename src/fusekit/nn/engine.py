@@ -5,54 +5,40 @@ while the same index tensors come back with the same contents (:class:`IndexCach
 version counter and :func:`fingerprint`): the sort and tiling of :func:`fusekit.gms.plan` and
 the selector's answer are paid once per graph, kernel map or routing, never per forward.
 
-The choice (``strategy="auto"``): the gms selector (:func:`fusekit.gms.selector.select`) on the
-problem's features and the local target (:func:`fusekit.hw.detect` on the CPU, ``detect_gpu`` on
-CUDA): the tuning cache when the problem was tuned, else the shipped decision tree, else the cost
-model. A named strategy (``"(GMS)seg"``, ``"transform-first"``, ...) skips the selector and runs
-with the default plan and launch.
+The choice (``strategy="auto"``): :func:`fusekit.gms.select` on the problem's features, the
+device's measured target (:func:`fusekit.gms.target_for`) and the layer's
+:class:`~fusekit.gms.Constraints` (``training=True`` under autograd, :func:`needs_grad`): the
+tuning cache when the problem was tuned, else the shipped decision tree, else the cost model.
+A named strategy (``"(GMS)seg"``, ``"transform-first"``, ...) skips the selector and runs with
+the default plan and launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numba
 import numpy as np
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.candidates import Config
-    from fusekit.gms.problem import GMSPlan, GMSProblem
+from fusekit.gms import GMSPlan, GMSProblem, plan
+from fusekit.gms.api import gms
+from fusekit.gms.candidates import Config
+from fusekit.gms.features import features_of_problem
+from fusekit.gms.launch import launch
+from fusekit.gms.selector import Constraints, select
+from fusekit.gms.target import target_for
 
 log = logging.getLogger(__name__)
-
-#: The dataflow the layers run under autograd when ``strategy="auto"``, per device type (the
-#: selector models the forward only). CPU: ``(GMS)seg``, whose backward is (GMS)seg again on the
-#: transposed plan for ``dX`` and the chunked segment outer products for ``dW``, with no
-#: ``[E, K]`` pair buffer (measured forward+backward, 2 threads, against ``G-Mseg-S``'s vendor
-#: GEMMs on gathered rows: RGCN AIFB / MUTAG K=16 8.2 / 18.2 ms against 24.3 / 36.8, K=64 43.5 /
-#: 88.8 against 76.5 / 187; SubMConv3d 100k voxels C=32 90 against 393 ms). CUDA: ``G-Mseg-S``
-#: (cuBLAS on the segments; the Triton backward has not run on a GPU).
-TRAINING_STRATEGY = {"cpu": "(GMS)seg", "cuda": "G-Mseg-S"}
 
 
 def needs_grad(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd records a call on ``tensors`` (``None`` entries are skipped)."""
-    import torch
-
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def strategy_for(strategy: str, *tensors: torch.Tensor | None) -> str:
-    """``strategy``, or the device's :data:`TRAINING_STRATEGY` for ``"auto"`` under autograd."""
-    if strategy != "auto" or not needs_grad(*tensors):
-        return strategy
-    device = next(t.device.type for t in tensors if t is not None)
-    return TRAINING_STRATEGY.get(device, TRAINING_STRATEGY["cpu"])
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -78,11 +64,6 @@ class Prepared:
         self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``Y[d, m] (+)= c * X[g] @ W[s]`` with this plan, strategy and launch settings."""
-        import contextlib
-
-        from fusekit.gms.api import gms
-        from fusekit.gms.launch import launch
-
         scope = launch(self.config.launch) if self.config is not None else contextlib.nullcontext()
         with scope:
             return gms(x, w, self.plan, scale, self.strategy)
@@ -97,6 +78,7 @@ def prepare(
     has_scale: bool,
     device: torch.device,
     strategy: str = "auto",
+    constraints: Constraints | None = None,
 ) -> Prepared:
     """Plan ``problem`` for operands of width ``k`` -> ``m`` and choose how to run it.
 
@@ -108,41 +90,21 @@ def prepare(
         has_scale: whether the calls pass a per-pair scale.
         device: where the operands live.
         strategy: ``"auto"`` (the selector) or any strategy :func:`fusekit.gms.gms` accepts.
+        constraints: what the selector may answer for ``"auto"`` (any legal configuration
+            when None).
 
     Returns:
         The :class:`Prepared` problem.
     """
-    from fusekit.gms.problem import plan
-
     if strategy != "auto":
         return Prepared(problem, plan(problem), strategy, None, "named")
-    from fusekit.gms.features import features_of_problem
-    from fusekit.gms.selector import select
-
     # features from counts (equal to those of the default plan), then one plan with the knobs
-    choice = select(features_of_problem(problem, k, m, dtype, has_scale), local_target(device))
+    features = features_of_problem(problem, k, m, dtype, has_scale)
+    choice = select(features, target_for(device), constraints or Constraints())
     cfg = choice.config
     chosen = plan(problem, tile_rows=cfg.tile_rows, blocks=cfg.blocks, schedule=cfg.schedule)
     log.info("nn: %s from %s for %d pairs", cfg.strategy.name, choice.source, problem.num_pairs)
     return Prepared(problem, chosen, cfg.strategy.name, cfg, choice.source)
-
-
-_TARGETS: dict[str, Any] = {}
-
-
-def local_target(device: torch.device) -> Any:
-    """The measured local target of ``device`` (measured once per process and machine)."""
-    key = f"{device.type}:{device.index or 0}"
-    if key not in _TARGETS:
-        if device.type == "cuda":
-            from fusekit.hw.detect_gpu import detect_gpu
-
-            _TARGETS[key] = detect_gpu(device.index or 0)
-        else:
-            from fusekit.hw.detect import detect
-
-            _TARGETS[key] = detect()
-    return _TARGETS[key]
 
 
 #: Columns of the ``[n / B, B]`` view :func:`fingerprint_reference` reduces.
@@ -163,8 +125,7 @@ def fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
     :math:`2 (v_i - v_j)(j - i)` is a multiple of :math:`2^{64}`. Unlike ``t._version`` it sees
     edits made through ``t.data``, a numpy array or a DLPack capsule sharing the memory.
 
-    One serial numba pass over CPU int32/int64 tensors (measured 20-50 GB/s: 0.02 ms for
-    AIFB's ``edge_index``, 0.07 ms for 100k voxels; a parallel torch reduction waits for its
+    One serial numba pass over CPU int32/int64 tensors (a parallel torch reduction waits for its
     thread pool, which on a busy host costs more than the pass), :func:`fingerprint_reference`
     on other devices and dtypes.
 
@@ -174,8 +135,6 @@ def fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
     Returns:
         ``(dtype, shape, sum, weighted sum)``, comparable with ``==``.
     """
-    import torch
-
     v = t.detach().reshape(-1)
     if v.device.type == "cpu" and v.dtype in (torch.int32, torch.int64):
         sums = tuple(int(s) for s in _weighted_sums(v.numpy()))
@@ -202,8 +161,6 @@ def fingerprint_reference(v: torch.Tensor) -> tuple[int, int]:
     From the column and row sums of the ``[n / B, B]`` view (:math:`2 i + 1 = (2c + 1) + 2 B r`
     for :math:`i = B r + c`): two memory-bound reductions and no weight tensor of ``n``.
     """
-    import torch
-
     n, b = v.numel(), FINGERPRINT_BLOCK
     full = n - n % b
     i64 = torch.int64
@@ -257,8 +214,9 @@ class IndexCache:
                 and len(held) == len(stamp)
                 and all(_same(a, b) for a, b in zip(held, stamp, strict=True))
             ):
+                # the same versions: the contents decide
                 pairs = zip(held, stamp, strict=True)
-                if all(a is None or a[1] == b[1] for a, b in pairs):  # the contents decide
+                if all(a is None or (b is not None and a[1] == b[1]) for a, b in pairs):
                     prints = _prints(tensors)
                     if prints == held_prints:
                         self._entries.append(self._entries.pop(i))

@@ -31,7 +31,10 @@ import torch
 from torch import nn
 
 from fusekit.errors import expected
-from fusekit.nn.engine import IndexCache, Prepared, prepare, strategy_for
+from fusekit.gms import GMSProblem
+from fusekit.gms.segments import reduce_rows
+from fusekit.gms.selector import Constraints
+from fusekit.nn.engine import IndexCache, Prepared, needs_grad, prepare
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,15 +56,14 @@ class RGCNConv(nn.Module):
         root_weight: add ``x_i @ root``.
         is_sorted: accepted for compatibility (the plan sorts once per graph anyway).
         bias: add a learned bias.
-        strategy: ``"auto"`` (the gms selector; under autograd
-            :data:`~fusekit.nn.engine.TRAINING_STRATEGY`) or a gms strategy name.
+        strategy: ``"auto"`` (the gms selector, with ``Constraints(training=True)`` under
+            autograd: :data:`fusekit.gms.selector.TRAINING`) or a gms strategy name.
 
     The plan of a graph is kept while the same ``edge_index`` and ``edge_type`` tensors (and
     node indices, when featureless) come back with the same contents
     (:class:`~fusekit.nn.engine.IndexCache`: their version counters and a
-    :func:`~fusekit.nn.engine.fingerprint`, one pass over the indices, about 0.3% of a forward
-    on AIFB): editing them in place, even through ``.data`` or a numpy array sharing the
-    memory, plans again.
+    :func:`~fusekit.nn.engine.fingerprint`, one pass over the indices): editing them in place,
+    even through ``.data`` or a numpy array sharing the memory, plans again.
     """
 
     def __init__(
@@ -204,7 +206,7 @@ class RGCNConv(nn.Module):
         featureless: bool,
         x_key: torch.Tensor | None,
     ) -> torch.Tensor:
-        weight = self.weight
+        weight: torch.Tensor = self.weight
         if self.num_bases is not None:
             weight = (self.comp @ weight.view(self.num_bases, -1)).view(
                 self.num_relations, self.in_channels_l, self.out_channels
@@ -231,12 +233,12 @@ class RGCNConv(nn.Module):
         m_out = self.out_channels // blocks
         prepared: Prepared
         scale: torch.Tensor | None
-        strategy = strategy_for(self.strategy, x_l, weight)
+        training = self.strategy == "auto" and needs_grad(x_l, weight)
         prepared, scale = self._plans.get(
             (edge_index, edge_type),
-            (*extra, strategy),
+            (*extra, training),
             lambda: self._prepare(
-                edge_index, edge_type, n_src, n_dst, blocks, k_in, m_out, x_l, strategy
+                edge_index, edge_type, n_src, n_dst, blocks, k_in, m_out, x_l, training
             ),
         )
         x_blocks = x_l.contiguous().view(n_src * blocks, k_in)
@@ -253,10 +255,8 @@ class RGCNConv(nn.Module):
         k_in: int,
         m_out: int,
         x: torch.Tensor,
-        strategy: str,
+        training: bool,
     ) -> tuple[Prepared, torch.Tensor | None]:
-        from fusekit.gms.problem import GMSProblem
-
         src, dst = edge_index[0], edge_index[1]
         scale = (
             _mean_scale(dst, edge_type, n_dst, self.num_relations, x.dtype)
@@ -286,7 +286,8 @@ class RGCNConv(nn.Module):
             x.dtype,
             has_scale=scale is not None,
             device=x.device,
-            strategy=strategy,
+            strategy=self.strategy,
+            constraints=Constraints(training=training),
         )
         return prepared, scale
 
@@ -480,19 +481,20 @@ def gather_reduce(table: torch.Tensor, gr: GatherReduce) -> torch.Tensor:
         raise ValueError(expected("gather_reduce", "table", f"{gr.n_table} rows", table.shape[0]))
     if gr.scale is not None and gr.scale.dtype != table.dtype:
         gr.scale = gr.scale.to(table.dtype)
-    return _GatherReduce.apply(table, gr)
+    out: torch.Tensor = _GatherReduce.apply(table, gr)  # type: ignore[no-untyped-call]
+    return out
 
 
 class _GatherReduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, table: torch.Tensor, gr: GatherReduce) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, table: torch.Tensor, gr: GatherReduce) -> torch.Tensor:
         ctx.gr = gr
-        return _reduce(table.contiguous(), gr.rows, gr.scale, gr.by_dst, gr.n_out)
+        return _reduce(table.contiguous(), gr.rows, gr.scale, gr.by_dst)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Sequence[torch.Tensor | None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> Sequence[torch.Tensor | None]:
         gr: GatherReduce = ctx.gr
-        return _reduce(grad.contiguous(), gr.dst, gr.scale, gr.by_row, gr.n_table), None
+        return _reduce(grad.contiguous(), gr.dst, gr.scale, gr.by_row), None
 
 
 def _reduce(
@@ -500,17 +502,12 @@ def _reduce(
     src_index: torch.Tensor,
     scale: torch.Tensor | None,
     csr: tuple[torch.Tensor, torch.Tensor],
-    n_out: int,
 ) -> torch.Tensor:
     """``out[i] = sum over the CSR positions p of row i of scale[p] * src[src_index[p]]``."""
     ptr, pos = csr
-    if src.device.type == "cpu" and src.dtype in (torch.float32, torch.float64):
-        from fusekit.gms.kernels.cpu.rows import reduce_rows_cpu
-
-        return reduce_rows_cpu(
-            src, ptr, n_pairs=int(src_index.shape[0]), src_index=src_index, scale=scale, pos=pos
-        )
-    return reduce_reference(src, src_index, scale, ptr, pos, n_out)
+    return reduce_rows(
+        src, ptr, n_pairs=int(src_index.shape[0]), src_index=src_index, scale=scale, pos=pos
+    )
 
 
 def reduce_reference(
