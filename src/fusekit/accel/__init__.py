@@ -1,54 +1,44 @@
 """Compound ops on multi-cluster spatial accelerators (COMET, arXiv 2509.00599).
 
 Pipeline: problem (:mod:`.problem`) -> candidates (:mod:`.candidates`) -> cost model
-(:mod:`.model`, with :mod:`.collectives` and the Timeloop-style :mod:`.nest`) -> search
-(:mod:`.search`) -> report (``fusekit accel explore``).
+(:mod:`.model`, a recipe of the per-unit terms of :mod:`.units`, with :mod:`.collectives` and
+the Timeloop-style :mod:`.nest`) -> search (:mod:`.search`, pruned by :mod:`.bound`) -> report
+(``fusekit accel explore``).
 
 COMET's own mappings: a general mapping tree (:mod:`.tree`) and its staged cost model
 (:mod:`.tree_model`, with :mod:`.noc`, :mod:`.orion` and the named defects of :mod:`.compat`);
 :mod:`.comet` reads COMET's files into it and searches COMET's tiling space.
+
+Importing this package imports none of its modules; the names below load on first use.
 """
 
-from fusekit.accel.candidates import enumerate_mappings as enumerate_mappings
-from fusekit.accel.collectives import CollectiveKind as CollectiveKind
-from fusekit.accel.collectives import Group as Group
-from fusekit.accel.collectives import collective_cost as collective_cost
-from fusekit.accel.mapping import Fusion as Fusion
-from fusekit.accel.mapping import Mapping as Mapping
-from fusekit.accel.mapping import MappingError as MappingError
-from fusekit.accel.mapping import check_mapping as check_mapping
-from fusekit.accel.mapping import from_tree as from_tree
-from fusekit.accel.mapping import to_tree as to_tree
-from fusekit.accel.model import Breakdown as Breakdown
-from fusekit.accel.model import evaluate as evaluate
-from fusekit.accel.problem import Problem as Problem
-from fusekit.accel.problem import attention as attention
-from fusekit.accel.problem import gemm as gemm
-from fusekit.accel.problem import gemm_layernorm as gemm_layernorm
-from fusekit.accel.problem import gemm_softmax as gemm_softmax
-from fusekit.accel.problem import make_problem as make_problem
-from fusekit.accel.search import SearchResult as SearchResult
-from fusekit.accel.search import explore as explore
+from __future__ import annotations
 
-__all__ = [
-    "Breakdown",
-    "CollectiveKind",
-    "Fusion",
-    "Group",
-    "Mapping",
-    "MappingError",
-    "Problem",
-    "SearchResult",
-    "attention",
-    "check_mapping",
-    "collective_cost",
-    "enumerate_mappings",
-    "evaluate",
-    "explore",
-    "from_tree",
-    "gemm",
-    "gemm_layernorm",
-    "gemm_softmax",
-    "make_problem",
-    "to_tree",
-]
+from fusekit.lazy import lazy_getattr
+
+_WHERE = {
+    "Breakdown": "model",
+    "CollectiveKind": "collectives",
+    "Fusion": "mapping",
+    "Group": "collectives",
+    "Mapping": "mapping",
+    "MappingError": "mapping",
+    "Problem": "problem",
+    "SearchResult": "search",
+    "attention": "problem",
+    "check_mapping": "mapping",
+    "collective_cost": "collectives",
+    "enumerate_mappings": "candidates",
+    "evaluate": "model",
+    "explore": "search",
+    "from_tree": "mapping",
+    "gemm": "problem",
+    "gemm_layernorm": "problem",
+    "gemm_softmax": "problem",
+    "make_problem": "problem",
+    "to_tree": "mapping",
+}
+
+__all__ = sorted(_WHERE)
+
+__getattr__ = lazy_getattr(__name__, _WHERE)

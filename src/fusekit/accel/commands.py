@@ -6,8 +6,22 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
+from rich.progress import TaskID
 
+from fusekit.accel.mapping import Fusion, Mapping, from_tree, load_mapping_file, to_tree
+from fusekit.accel.mapping import tree_to_dict as mapping_to_dict
+from fusekit.accel.model import Breakdown, evaluate
+from fusekit.accel.plot import draw_pareto
+from fusekit.accel.problem import KINDS, Problem, load_problem, problem_from_dict
+from fusekit.accel.search import OBJECTIVES, Scored, SearchResult
+from fusekit.accel.search import explore as run_explore
 from fusekit.console import print_json, print_table, progress
+from fusekit.errors import ConfigError
+from fusekit.files import load_yaml_mapping
+from fusekit.hw import Accelerator, load
+from fusekit.hw.cpu_gpu import plain
+from fusekit.search import LocalExecutor
 
 app = typer.Typer(
     help="Compound ops (GEMM-Softmax, GEMM-LayerNorm, attention) on multi-cluster accelerators: "
@@ -20,11 +34,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 MAX_EXTENT = 2**24
 
 
-def _breakdown_rows(b: Any) -> list[tuple[Any, ...]]:
+def _breakdown_rows(b: Breakdown) -> list[tuple[Any, ...]]:
     return [(o.name, o.kind, o.cycles, o.energy_pj / 1e6, o.dram_words) for o in b.ops]
 
 
-def _breakdown_json(b: Any) -> dict[str, Any]:
+def _breakdown_json(b: Breakdown) -> dict[str, Any]:
     return {
         "latency_cycles": b.latency_cycles,
         "energy_pj": b.energy_pj,
@@ -43,10 +57,8 @@ def _breakdown_json(b: Any) -> dict[str, Any]:
     }
 
 
-def _pareto_plot(path: Path, result: Any, best: Any, title: str) -> None:
-    import matplotlib.pyplot as plt
-
-    from fusekit.accel.plot import draw_pareto
+def _pareto_plot(path: Path, result: SearchResult, best: Scored, title: str) -> None:
+    import matplotlib.pyplot as plt  # matplotlib loads only when a plot is asked for
 
     bests = {f: per["latency"] for f, per in result.best_by_fusion.items()}
     fig = draw_pareto(title, result.pareto, bests, best)
@@ -99,16 +111,6 @@ def explore(
         return
     if space != "fusekit":
         raise ValueError(f"accel explore: expected '--space' fusekit or comet (got {space})")
-    from rich.progress import TaskID
-
-    from fusekit.accel.mapping import Fusion
-    from fusekit.accel.model import evaluate
-    from fusekit.accel.problem import KINDS, load_problem
-    from fusekit.accel.search import OBJECTIVES
-    from fusekit.accel.search import explore as run_explore
-    from fusekit.hw import Accelerator, load
-    from fusekit.search import LocalExecutor
-
     if objective not in OBJECTIVES:
         raise ValueError(f"accel explore: expected '--objective' in {OBJECTIVES} (got {objective})")
     spec = KINDS[problem](m, n, k) if problem in KINDS else load_problem(problem)
@@ -183,18 +185,12 @@ def explore(
 
 
 def _write_flat(
-    path: Path, problem: str, m: int, n: int, k: int, hw: str, spec: Any, mapping: Any
+    path: Path, problem: str, m: int, n: int, k: int, hw: str, spec: Problem, mapping: Mapping
 ) -> None:
     """One mapping as ``accel eval`` reads it: the problem, the accelerator, the tree."""
-    import yaml
-
-    from fusekit.accel.mapping import to_tree, tree_to_dict
-    from fusekit.accel.problem import KINDS
-    from fusekit.files import load_yaml_mapping
-
     prob = {"kind": problem, "M": m, "N": n, "K": k} if problem in KINDS else None
     doc = {"problem": prob or load_yaml_mapping(problem), "accelerator": hw,
-           "mapping": tree_to_dict(to_tree(spec, mapping))}  # fmt: skip
+           "mapping": mapping_to_dict(to_tree(spec, mapping))}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# {spec.name} on {hw}: {mapping.label()}\n"
                     + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
@@ -213,9 +209,8 @@ def _explore_comet(
     json: bool,
 ) -> None:
     """COMET's 8-level tilings of a run template, every one scored by the tree model."""
+    # the tree model imports numpy: loaded when COMET's space is asked for, not at CLI start
     from fusekit.accel.comet.space import Space, label, read_constraints
-    from fusekit.hw import Accelerator, load
-    from fusekit.hw.cpu_gpu import plain
 
     target = load(hw)
     arch = (
@@ -271,12 +266,6 @@ def eval_(
     json: JsonOption = False,
 ) -> None:
     """Evaluate one mapping tree: latency and energy per op and per collective."""
-    from fusekit.accel.mapping import from_tree, load_mapping_file
-    from fusekit.accel.model import evaluate
-    from fusekit.accel.problem import problem_from_dict
-    from fusekit.errors import ConfigError
-    from fusekit.hw import Accelerator, load
-
     data, tree = load_mapping_file(mapping)
     spec = problem_from_dict(data["problem"], f"{mapping}: problem")
     target = load(data.get("accelerator", "edge"))
@@ -319,34 +308,32 @@ def comet(
     A tiling that COMET's fit check rejects, or a malformed file, exits with status 2 and one
     line naming the file, the node or every overflowing level.
     """
-    from fusekit.accel.comet import evaluate
+    # the tree model imports numpy: loaded when a COMET run is asked for, not at CLI start
+    from fusekit.accel.comet.run import evaluate as evaluate_run
 
-    out = evaluate(case_dir, compat=not native, hw=hw)
+    out = evaluate_run(case_dir, compat=not native, hw=hw)
     if json:
         print_json(out)
         return
-    cycles: dict[str, dict[str, int]] = out["cycles"]  # type: ignore[assignment]
-    energy: dict[str, float] = out["energy_pj"]  # type: ignore[assignment]
     print_table(
         f"{case_dir}: {out['total_cycles']:,} cycles (COMET's per-unit table)",
         ("unit", "CS", "OS", "TMW", "total"),
         [(u, r.get("CS", "-"), r.get("OS", "-"), r.get("TMW", "-"), r["total"])
-         for u, r in cycles.items()],
+         for u, r in out["cycles"].items()],
     )  # fmt: skip
-    util: dict[str, float] = out["utilisation"]  # type: ignore[assignment]
     print_table(
         "Compute units: utilisation (ideal compute cycles / root cycles)",
         ("unit", "utilisation"),
-        [(u, f"{v:.2f}") for u, v in util.items()],
+        [(u, f"{v:.2f}") for u, v in out["utilisation"].items()],
     )
     print_table(
         f"Energy by level: {out['total_energy_pj']:,.2f} pJ",
         ("level", "energy (pJ)"),
-        list(energy.items()),
+        list(out["energy_pj"].items()),
     )
     if nest:
         rows = []
-        for r in out["nest"]:  # type: ignore[attr-defined]
+        for r in out["nest"]:
             pad = " " * r["depth"] + "#" + r["node"].rsplit("::", 1)[-1]
             if "loops" in r:
                 loops = "; ".join(

@@ -33,7 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusekit.errors import ConfigError, expected
 from fusekit.files import clip, load_yaml, short, top_mapping
-from fusekit.ir import Access, Bin, Call, Const, Expr, IVar, Op, OpKind, Reduce, ReduceOp, parse_op
+from fusekit.ir import (
+    Access,
+    Bin,
+    Call,
+    Const,
+    Expr,
+    IVar,
+    Op,
+    OpKind,
+    Reduce,
+    ReduceOp,
+    format_op,
+    parse_op,
+)
+from fusekit.ir.expr import walk
 
 StageKind = Literal["gemm", "simd"]
 
@@ -138,8 +152,6 @@ class Problem:
 
     def describe(self) -> str:
         """The ops in index notation, one per line, then the extents."""
-        from fusekit.ir import format_op
-
         dims = ", ".join(f"{v}={n}" for v, n in self.extents.items())
         return "\n".join([*(format_op(s.op) for s in self.stages), dims])
 
@@ -203,8 +215,6 @@ def _classify(op: Op) -> Stage:
 
 
 def _reads(expr: Expr) -> list[Access]:
-    from fusekit.ir.op import walk
-
     return [node for node in walk(expr) if isinstance(node, Access)]
 
 

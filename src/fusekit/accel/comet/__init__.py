@@ -1,103 +1,35 @@
 """COMET's own inputs, evaluated as COMET evaluates them (Negi et al., arXiv 2509.00599).
 
-``evaluate(case_dir)`` reads a COMET run's ``arch.yaml``, ``problem.yaml``, ``mapping.yaml`` and
-``constants.yaml`` into fusekit's mapping tree (:mod:`fusekit.accel.tree`: the hierarchy, the op
-chain, the tree) and evaluates it with the tree cost model (:mod:`fusekit.accel.tree_model`),
-COMET's defects switched on (:class:`fusekit.accel.compat.Compat`). It returns COMET's totals,
-its per-unit cycle table and per-level energies.
+``evaluate(case_dir)`` (:mod:`.run`) reads a COMET run's ``arch.yaml``, ``problem.yaml``,
+``mapping.yaml`` and ``constants.yaml`` (:mod:`.files`) into fusekit's mapping tree
+(:mod:`fusekit.accel.tree`: the hierarchy, the op chain, the tree) and evaluates it with the tree
+cost model (:mod:`fusekit.accel.tree_model`), COMET's defects switched on
+(:class:`fusekit.accel.compat.Compat`). It returns COMET's totals, its per-unit cycle table and
+per-level energies. :mod:`.space` searches COMET's tiling space, :mod:`.templates` holds the
+built-in ops' templates and :mod:`.fusion` COMET's unfused baseline.
 
 Not yet one model: the mapper (``fusekit accel explore``) still ranks flat
 :class:`fusekit.accel.Mapping` knobs with :func:`fusekit.accel.model.evaluate`; the tree model
 here evaluates any tree, but the explorer does not enumerate trees and ``to_tree`` does not build
 this tree kind.
+
+Importing this package imports none of its modules (nor numpy); the names below load on use.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from fusekit.lazy import lazy_getattr
 
-from fusekit.accel.comet.files import CometInputError as CometInputError
-from fusekit.accel.comet.files import read_case
-from fusekit.accel.compat import DEVIATIONS as DEVIATIONS
-from fusekit.accel.compat import Compat as Compat
-from fusekit.accel.noc import MeshShapeError as MeshShapeError
-from fusekit.accel.tree_model.records import FitError as CometFitError
-from fusekit.accel.tree_model.records import TreeModelError as CometModelError
-from fusekit.accel.tree_model.stages import analyse
+_WHERE = {
+    "DEVIATIONS": "run",
+    "CometFitError": "run",
+    "CometInputError": "run",
+    "CometModelError": "run",
+    "Compat": "run",
+    "MeshShapeError": "run",
+    "evaluate": "run",
+}
 
-__all__ = [
-    "DEVIATIONS",
-    "CometFitError",
-    "CometInputError",
-    "CometModelError",
-    "Compat",
-    "MeshShapeError",
-    "evaluate",
-]
+__all__ = sorted(_WHERE)
 
-
-def evaluate(
-    case_dir: str | Path,
-    calc_noc_energy: bool | None = None,
-    compat: bool | Compat = True,
-    hw: str | None = None,
-) -> dict[str, object]:
-    """Evaluate one COMET run from its four input files.
-
-    Args:
-        case_dir: folder with ``arch.yaml``, ``problem.yaml``, ``mapping.yaml``, ``constants.yaml``;
-            or a YAML file holding fusekit's own form of a tree
-            (:func:`fusekit.accel.tree.tree_to_dict`).
-        calc_noc_energy: add the NoC energy rows (COMET's ``--calc_noc_energy``); by default on,
-            unless the folder's ``command.txt`` shows a run without it.
-        compat: which of COMET's defects to reproduce (:class:`Compat`, named in
-            :data:`DEVIATIONS`): ``True`` all (the binary), ``False`` none (the native model).
-        hw: an accelerator preset (``edge``, ``cloud``) whose ``comet_arch`` replaces the run's
-            ``arch.yaml``; ``None`` reads ``arch.yaml``.
-
-    Returns:
-        ``total_cycles``, ``total_energy_pj``, ``cycles`` (unit -> CS/OS/TMW parts and total),
-        ``energy_pj`` (COMET's energy rows) and ``root_cycles``.
-
-    Raises:
-        CometFitError: the tiling overflows a level (every overflowing level is named).
-        CometInputError: a malformed file (names the file and the node).
-        CometModelError: a mapping COMET cannot evaluate (names the node).
-        MeshShapeError: a collective on a sub-mesh outside COMET's table (compat only).
-    """
-    d = Path(case_dir)
-    if d.is_file():  # fusekit's own form of a tree (tree_to_dict), e.g. from --write-mapping
-        from fusekit.accel.comet.files import _load
-        from fusekit.accel.tree import tree_from_dict
-
-        if isinstance(compat, bool):
-            compat = Compat() if compat else Compat.native()
-        tm = tree_from_dict(_load(d), str(d))
-        return analyse(tm, calc_noc=calc_noc_energy is not False, compat=compat)
-    if calc_noc_energy is None:
-        cmd = d / "command.txt"
-        calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()
-    if isinstance(compat, bool):
-        compat = Compat() if compat else Compat.native()
-    arch_doc = None
-    if hw is not None:
-        from fusekit.hw import Accelerator, load
-        from fusekit.hw.cpu_gpu import plain
-
-        target = load(hw)
-        if not isinstance(target, Accelerator) or target.comet_arch is None:
-            raise ValueError(
-                f"comet: expected 'hw' to be an accelerator with comet_arch (got {hw})"
-            )
-        arch_doc = plain(target.comet_arch)
-    inp = read_case(d, arch_doc)
-    try:
-        return analyse(inp, calc_noc=calc_noc_energy, compat=compat)
-    except (CometFitError, CometInputError):
-        raise
-    except (CometModelError, MeshShapeError) as e:
-        raise type(e)(f"{inp.mapping_file}: {e}") from None
-    except (KeyError, IndexError, ZeroDivisionError, TypeError, AttributeError) as e:
-        raise CometModelError(
-            f"{inp.mapping_file}: cannot be evaluated ({type(e).__name__}: {e})"
-        ) from None
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -246,7 +246,9 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain
 # --- mapping ----------------------------------------------------------------------------------
 
 
-def _tiling(text: str, prob: Chain, const: dict[str, Any], file: str, where: str) -> dict:
+def _tiling(
+    text: str, prob: Chain, const: dict[str, Any], file: str, where: str
+) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for key, vals in re.findall(r"\s*([A-Z]+)\s*=\s*\[([^\]]+)\]", text):
         d = prob.dim(key, file, where)
@@ -254,14 +256,18 @@ def _tiling(text: str, prob: Chain, const: dict[str, Any], file: str, where: str
     return out
 
 
-def _primitive(text: str, prob: Chain, const: dict[str, Any], file: str, where: str) -> dict:
+def _primitive(
+    text: str, prob: Chain, const: dict[str, Any], file: str, where: str
+) -> dict[int, int]:
     out: dict[int, int] = {}
     for key, val in re.findall(r"(.)=([^ ]*)", str(text)):
         out[prob.dim(key, file, where)] = _value(val, const, file, where)
     return out
 
 
-def _attrs(node: TreeNode, raw: dict[str, Any], prob: Chain, const: dict, file: str, where: str):
+def _attrs(
+    node: TreeNode, raw: dict[str, Any], prob: Chain, const: dict[str, Any], file: str, where: str
+) -> None:
     attrs = raw.get("compute_attributes")
     if not isinstance(attrs, dict):
         return
@@ -277,7 +283,7 @@ def _attrs(node: TreeNode, raw: dict[str, Any], prob: Chain, const: dict, file: 
 
 
 def read_mapping(
-    doc: dict[str, Any], prob: Chain, arch: Hierarchy, const: dict, file: str
+    doc: dict[str, Any], prob: Chain, arch: Hierarchy, const: dict[str, Any], file: str
 ) -> TreeNode:
     """The mapping tree, numbered in pre-order as COMET numbers it."""
     counter = [0]
@@ -396,7 +402,7 @@ def read_mapping(
 # --- the four files ---------------------------------------------------------------------------
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_document(path: Path) -> dict[str, Any]:
     """The file's top-level mapping, read by :func:`fusekit.files.load_yaml_mapping`."""
     try:
         return load_yaml_mapping(path)
@@ -416,7 +422,7 @@ def read_case(case_dir: str | Path, arch_doc: dict[str, Any] | None = None) -> T
     names = ("problem", "mapping", "constants") if arch_doc is not None else (
         "arch", "problem", "mapping", "constants")  # fmt: skip
     files = {k: d / f"{k}.yaml" for k in names}
-    docs = {k: _load(p) for k, p in files.items()}
+    docs = {k: load_document(p) for k, p in files.items()}
     const = docs["constants"].get("const")
     if not isinstance(const, dict):
         raise CometInputError(str(files["constants"]), "const", "expected a 'const' mapping")

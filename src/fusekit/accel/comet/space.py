@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import random
 import re
 import statistics
@@ -40,7 +41,8 @@ from typing import Any
 
 import yaml
 
-from fusekit.accel.comet.files import _load, read_arch, read_mapping, read_problem
+from fusekit.accel.comet import templates
+from fusekit.accel.comet.files import load_document, read_arch, read_mapping, read_problem
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import Hierarchy, TreeMapping, tree_to_dict
 from fusekit.accel.tree_model.compute import ideal_op_cycles
@@ -56,7 +58,7 @@ Tiling = dict[str, tuple[int, ...]]
 
 def read_constraints(path: str | Path) -> dict[str, dict[int, int]]:
     """Fixed factors (dim -> level index -> factor) of a COMET constraints file."""
-    doc = _load(Path(path))
+    doc = load_document(Path(path))
     out: dict[str, dict[int, int]] = {}
     for entry in doc.get("mapping_constraints") or []:
         lines = entry["factors"]
@@ -174,9 +176,9 @@ class Space:
 
     def __init__(self, template: str | Path, arch_doc: dict[str, Any] | None = None) -> None:
         d = Path(template)
-        self.arch_doc = arch_doc if arch_doc is not None else _load(d / "arch.yaml")
-        self.problem_doc = _load(d / "problem.yaml")
-        self.mapping_doc = _load(d / "mapping.yaml")
+        self.arch_doc = arch_doc if arch_doc is not None else load_document(d / "arch.yaml")
+        self.problem_doc = load_document(d / "problem.yaml")
+        self.mapping_doc = load_document(d / "mapping.yaml")
         self.arch = read_arch(self.arch_doc, "arch")
         self.mapping_file = str(d / "mapping.yaml")
         self._bounds: dict[tuple[Any, ...], int] = {}
@@ -193,10 +195,12 @@ class Space:
     @classmethod
     def builtin(cls, op: str, arch_doc: dict[str, Any]) -> Space:
         """The space of built-in op ``op`` (:mod:`.templates`) on the arch ``arch_doc``."""
-        from fusekit.accel.comet.templates import mapping, problem
-
         sp = cls.__new__(cls)
-        sp.arch_doc, sp.problem_doc, sp.mapping_doc = arch_doc, problem(op), mapping(op)
+        sp.arch_doc, sp.problem_doc, sp.mapping_doc = (
+            arch_doc,
+            templates.problem(op),
+            templates.mapping(op),
+        )
         sp.arch = read_arch(arch_doc, "arch")
         sp.mapping_file = f"<{op} template>/mapping.yaml"
         sp._bounds, sp._op_names, sp._memo = {}, None, {}
@@ -257,7 +261,7 @@ class Space:
             out = analyse(self.inputs(tiling, dims), calc_noc=True, compat=compat, memo=cache)
         except FitError:
             return Scored(tiling, None, None)
-        return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))  # type: ignore[call-overload]
+        return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))
 
     def search(
         self,
@@ -297,8 +301,6 @@ class Space:
         best: Scored | None = None
         pool = None
         if workers > 1:
-            import multiprocessing
-
             pool = multiprocessing.Pool(workers)
 
         def run(idx: list[int]) -> None:
@@ -339,7 +341,7 @@ class Space:
             if pool is not None:
                 pool.close()
                 pool.join()
-        median = statistics.median(exact[i].total_cycles for i in picks)  # type: ignore[misc]
+        median = statistics.median([c for i in picks if (c := exact[i].total_cycles) is not None])
         scored = tuple(exact[i] for i in sorted(exact))
         rejected = sum(1 for s in scored if s.total_cycles is None)
         return SpaceResult(scored, best, float(median), len(picks), len(tilings), rejected,

@@ -14,6 +14,8 @@ total energy is the float32 sum of the energy rows.
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import TreeNode, pre_order
 from fusekit.accel.tree_model.compute import ideal_op_cycles
@@ -22,9 +24,31 @@ from fusekit.accel.tree_model.records import f32
 from fusekit.accel.tree_model.steady import SteadyState
 
 
-def report(
-    ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat
-) -> dict[str, object]:
+class Report(TypedDict):
+    """What the tree model reports of one tree.
+
+    Attributes:
+        total_cycles: COMET's total: the table's sum, or (native) the root's cycles.
+        total_energy_pj: the float32 sum of the energy rows.
+        cycles: unit -> ``CS``, ``OS``, ``TMW`` cycles and their ``total``.
+        energy_pj: COMET's energy rows: level (a compute level per op), then routers.
+        root_cycles: the root node's cycles.
+        nest: the loop nest, a record per node in pre-order (:func:`loop_nest`).
+        ideal_cycles: op -> ideal compute cycles (:func:`.compute.ideal_op_cycles`).
+        utilisation: compute unit -> ideal compute cycles over the root's cycles.
+    """
+
+    total_cycles: int
+    total_energy_pj: float
+    cycles: dict[str, dict[str, int]]
+    energy_pj: dict[str, float]
+    root_cycles: int
+    nest: list[dict[str, Any]]  # JSON-ready records
+    ideal_cycles: dict[str, int]
+    utilisation: dict[str, float]
+
+
+def report(ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat) -> Report:
     """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows."""
     table, total = unit_cycles(ss, en, root, compat)
     energy = level_energy(ss, en, root, calc_noc)
@@ -125,7 +149,7 @@ def ideal_compute(ss: SteadyState, root: TreeNode) -> tuple[dict[str, int], dict
     return ideal, dict(sorted(util.items()))
 
 
-def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, object]]:
+def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, Any]]:
     """What an architect reads, per node in pre-order (Timeloop's loop-nest view).
 
     Each tile node: its loops (per tensor: dim -> factor, temporal or spatial, at ``target ->
@@ -133,10 +157,10 @@ def loop_nest(ss: SteadyState, en: Energy, root: TreeNode) -> list[dict[str, obj
     elements of ``bits`` bits, and the resulting bytes), its cycles and its energy by level.
     Collectives: kind, tensor, level, cycles (per iteration) and iterations.
     """
-    out: list[dict[str, object]] = []
+    out: list[dict[str, Any]] = []
 
     def walk(node: TreeNode, depth: int) -> None:
-        rec: dict[str, object] = {"node": node.label, "depth": depth}
+        rec: dict[str, Any] = {"node": node.label, "depth": depth}
         rec.update(_nest_record(ss, en, node))
         if node.id in en.level_pj:
             rec["energy_pj"] = {**en.level_pj[node.id], **en.noc_pj.get(node.id, {})}

@@ -9,7 +9,7 @@ from fusekit.accel.tree import TreeMapping
 from fusekit.accel.tree_model.energy import Energy
 from fusekit.accel.tree_model.fit import fit_check
 from fusekit.accel.tree_model.nests import build_movements, build_nests
-from fusekit.accel.tree_model.report import report
+from fusekit.accel.tree_model.report import Report, report
 from fusekit.accel.tree_model.steady import SteadyState
 
 
@@ -18,7 +18,7 @@ def analyse(
     calc_noc: bool = True,
     compat: Compat | None = None,
     memo: dict[tuple[Any, ...], Any] | None = None,
-) -> dict[str, object]:
+) -> Report:
     """Run COMET's stages 1-6 on one run's inputs.
 
     Args:
