@@ -44,6 +44,10 @@ def test_a_lease_ends_when_the_storage_dies_not_when_the_plan_dies():
     assert pool.take(100).untyped_storage().data_ptr() != address  # too large to lend
     pool.clear()
     assert len(pool) == 0 and again.shape == (900,)
+    assert pool.owns(again)  # still lent: its plan stays a pooled one
+    del again
+    gc.collect()
+    assert not pool.owns(torch.empty(900, dtype=torch.int64))
 
 
 def test_the_memo_holds_pooled_plans_weakly_and_others_strongly():

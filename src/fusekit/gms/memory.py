@@ -124,11 +124,6 @@ class _Slot:
     leased: bool = False
 
 
-def _give_back(slot: _Slot) -> None:
-    """A lease's finalizer: the storage built on ``slot`` died (no lock: it may run anywhere)."""
-    slot.leased = False
-
-
 class PlanPool:
     """Host buffers for packed plans, each leased to the storage built on it.
 
@@ -143,6 +138,7 @@ class PlanPool:
         self._kept = kept
         self._lock = threading.RLock()
         self._slots: list[_Slot] = []
+        self._leases: set[int] = set()  # addresses of the buffers leased now, kept or not
 
     def take(self, numel: int) -> torch.Tensor:
         """An uninitialised int64 CPU tensor of ``numel``, on a free buffer of at most twice that.
@@ -161,20 +157,21 @@ class PlanPool:
                 del self._slots[free[0] if free else 0]
             return self._lease(slot, numel)
 
-    @staticmethod
-    def _lease(slot: _Slot, numel: int) -> torch.Tensor:
+    def _lease(self, slot: _Slot, numel: int) -> torch.Tensor:
         view = slot.memory[:numel]  # a new array object: the storage's own reference
         slot.leased = True
-        weakref.finalize(view, _give_back, slot).atexit = False
+        self._leases.add(slot.memory.ctypes.data)
+        weakref.finalize(view, self._give_back, slot).atexit = False
         return torch.from_numpy(view)
 
+    def _give_back(self, slot: _Slot) -> None:
+        """A lease's finalizer: the storage on ``slot`` died (no lock: it may run anywhere)."""
+        slot.leased = False
+        self._leases.discard(slot.memory.ctypes.data)
+
     def owns(self, buffer: torch.Tensor) -> bool:
-        """Whether ``buffer`` lives in one of the pool's buffers."""
-        if buffer.device.type != "cpu":
-            return False
-        address = buffer.untyped_storage().data_ptr()
-        with self._lock:
-            return any(slot.memory.ctypes.data == address for slot in self._slots)
+        """Whether ``buffer`` is a buffer this pool lent and that is still in use."""
+        return buffer.device.type == "cpu" and buffer.untyped_storage().data_ptr() in self._leases
 
     def clear(self) -> None:
         """Forget every buffer (a leased one stays valid for its holders, then is freed)."""

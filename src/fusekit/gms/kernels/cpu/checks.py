@@ -136,7 +136,7 @@ def range_checksum(values, starts, ends):  # type: ignore[no-untyped-def]
     Fletcher's: the sum ``a`` of the values and the sum ``b`` of the running sums, in wrapping
     64-bit arithmetic, so a changed value or two values swapped change it (a value ``v`` at
     ``i`` of ``n`` counts ``v`` in ``a`` and ``(n - i) v`` in ``b``). It detects edits, not
-    attacks. About 1 ns per value (two dependent adds).
+    attacks. Two dependent adds per value.
     """
     first = 0
     second = 0
