@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import torch
 
 from fusekit.ir.expr import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.ir.graph import Graph
 from fusekit.stitch.schemes import Layout
-
-if TYPE_CHECKING:
-    import numpy as np
-    import torch
 
 
 def _plain_vars(acc: Access) -> tuple[str, ...] | None:
@@ -103,8 +102,6 @@ class AtenContraction:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{name: Y}`` from the values of the operands."""
-        import torch
-
         a, b = values[self.a], values[self.b]
         c = values[self.bias] if self.bias is not None else None
         if self.linear:
@@ -197,8 +194,6 @@ def fit_strides(
     exists iff the fitted strides :math:`\sigma_d = \mathrm{off}(e_d) - b` reproduce every
     offset (checked over all elements, once per stride signature).
     """
-    import numpy as np
-
     rank = len(out_vars)
     grids = {
         v: np.arange(n, dtype=np.int64).reshape([n if i == j else 1 for j in range(rank)])
@@ -246,8 +241,6 @@ class LayoutViews:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The outputs as views of the inputs (or the kernel's copies)."""
-        import torch
-
         key = tuple(values[a.tensor].stride() for a, _, _ in self.reads.values())
         if key not in self.memo:
             fits = {

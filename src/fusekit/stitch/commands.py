@@ -9,7 +9,15 @@ import typer
 
 from fusekit import options
 from fusekit.console import print_json, print_table, print_text, progress
+from fusekit.errors import expected
+from fusekit.hw import detect
+from fusekit.ir.capture import capture
+from fusekit.ir.dot import to_dot
+from fusekit.search import time_call
 from fusekit.threads import prefer_passive_wait
+
+# torch, the workloads, the planner (numpy, HiGHS) and the runner (numba) are imported inside the
+# commands: the CLI mounts this module at start-up.
 
 app = typer.Typer(
     help="Fusion plans (ILP on HiGHS) and stitched kernels for chains of memory-intensive ops.",
@@ -37,7 +45,6 @@ def load(spec: str, full: bool) -> tuple[Any, tuple[Any, ...]]:
     if spec in NAMES:
         w = load_workload(spec, small=not full)
         return w.module, w.args
-    from fusekit.errors import expected
     from fusekit.ir.examples import EXAMPLES, load_model
 
     if ":" not in spec and spec not in EXAMPLES:
@@ -56,8 +63,6 @@ def load(spec: str, full: bool) -> tuple[Any, tuple[Any, ...]]:
 
 def plan_dot(plan: Any) -> str:
     """Graphviz text of the planned graph, one cluster per stitched group."""
-    from fusekit.ir.dot import to_dot
-
     body = to_dot(plan.graph).rstrip().removesuffix("}")
     clusters = []
     for k, g in enumerate(plan.groups):
@@ -114,8 +119,6 @@ def plan_command(
     as_json: JsonOption = False,
 ) -> None:
     """Plan the fusion of MODEL: groups, schemes, predicted gains, objective, bound, solve time."""
-    from fusekit.hw import detect
-    from fusekit.ir.capture import capture
     from fusekit.stitch.search import plan
 
     module, args = load(model, full)
@@ -162,8 +165,6 @@ def bench_command(
     prefer_passive_wait()  # before torch loads: its pool and numba's alternate in the kernels
     import torch
 
-    from fusekit.hw import detect
-    from fusekit.search import time_call
     from fusekit.stitch.runner import Stitched
 
     module, args = load(model, full)

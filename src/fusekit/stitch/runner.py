@@ -28,22 +28,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from fusekit.errors import expected, require
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.hw.detect import detect
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
+from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify
+from fusekit.stitch.codegen.cpu import CpuKernel
+from fusekit.stitch.codegen.triton import TritonKernel
 from fusekit.stitch.schemes import Unfusable
 from fusekit.stitch.search import Plan, plan
 from fusekit.threads import prefer_passive_wait
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +94,6 @@ class TimedChoice:
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The kept implementation's outputs (the first call times every one, then keeps one)."""
         if self.choice is None:
-            from fusekit.search.measure import time_call
-
             rounds: dict[str, list[float]] = {name: [] for name in self.options}
             for _ in range(TUNE_ROUNDS):  # interleaved, so a burst of load hits both
                 for name, fn in self.options.items():
@@ -114,14 +115,9 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
         return _Alone(graph, group)
     kernel: Callable[..., dict[str, Any]]
     if backend == "cpu":
-        from fusekit.stitch.codegen.cpu import CpuKernel
-
         kernel = CpuKernel(graph, group.layout)
     elif backend == "triton":
-        from fusekit.stitch.codegen.triton import TritonKernel
-
         require("triton", "stitch's GPU backend", "gpu")
-
         try:
             kernel = TritonKernel(graph, group.layout)
         except Unfusable as e:
@@ -164,8 +160,6 @@ class PlannedGraph:
                 "OMP_WAIT_POLICY=PASSIVE before importing torch"
             )
         self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
-        import torch
-
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
@@ -254,8 +248,6 @@ def compile(
         A callable :class:`Stitched`.
     """
     if target is None:
-        from fusekit.hw.detect import detect
-
         target = detect()
     stitched = Stitched(model, target, backend, method, time_limit_s)
     stitched.prepare(*args)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fusekit.errors import expected
+from fusekit.ir.examples import BertLayer
 
 
 class LayerNormFwd(nn.Module):
@@ -179,8 +180,6 @@ def _make(name: str, small: bool, g: torch.Generator) -> Workload:
         return Workload(name, f"row sum + column max {list(shape)}", SiblingReductions(),
                         (_rand(*shape, g=g),))  # fmt: skip
     if name == "bert":
-        from fusekit.ir.examples import BertLayer
-
         b, t, dim, hidden = (2, 16, 64, 128) if small else (8, 128, 256, 1024)
         mask = torch.zeros(b, t)
         mask[-1, t * 3 // 4 :] = -1e4

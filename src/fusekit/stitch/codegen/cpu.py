@@ -24,10 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+import torch
 
 from fusekit.errors import expected
-from fusekit.ir.expr import Call, Reduce, walk
+from fusekit.ir.expr import Access, Call, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
@@ -38,9 +43,6 @@ from fusekit.stitch.codegen.render import (
     static_shape,
 )
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
-
-if TYPE_CHECKING:
-    import torch
 
 _FUNCTIONS = {
     "exp": "fexp({0})", "log": "math.log({0})", "log1p": "math.log1p({0})",
@@ -179,8 +181,6 @@ def llvm_interleave(count: int) -> Iterator[None]:
     if not count:
         yield
         return
-    import llvmlite.binding as llvm
-
     llvm.set_option("fusekit", f"-force-vector-interleave={count}")
     try:
         yield
@@ -413,8 +413,6 @@ class _Emitter:
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
-    from fusekit.ir.expr import Access
-
     return [n.tensor for n in walk(lay.exprs[op]) if isinstance(n, Access)]
 
 
@@ -457,9 +455,6 @@ class CpuKernel:
     """
 
     def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
-        import numpy as np
-        import torch
-
         emitter = _Emitter(graph, layout)
         self.source, _, _ = emitter.kernel()
         self.layout = layout
@@ -480,10 +475,6 @@ class CpuKernel:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
-        import numba
-        import numpy as np
-        import torch
-
         first = self._fn is None
         if self._fn is None:
             self._fn = compile_source(self.source, self.serial)

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.codegen.render import Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
 from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable
-
-if TYPE_CHECKING:
-    import torch
 
 #: Longest row kept whole in registers (elements); longer rows are swept in column blocks.
 MAX_BLOCK_Q = 8192
@@ -319,8 +318,6 @@ class TritonKernel:
 
     def programs(self, device: torch.device) -> int:
         """Programs of the launch: one per row tile; at most 4 per SM with column partials."""
-        import torch
-
         tiles = -(-self.layout.rows // self.rows_per_program)
         if not self.cols:
             return tiles
@@ -330,8 +327,6 @@ class TritonKernel:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Launch on ``values`` (every input of the group, on one device); return the outputs."""
-        import torch
-
         if self.module is None:
             self.module = load_generated(self.source, "t")
         ins = [values[t].contiguous() for t in self.layout.inputs]
