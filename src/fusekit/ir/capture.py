@@ -33,6 +33,7 @@ from fusekit.errors import FusekitError, expected
 from fusekit.ir.expr import Access, DTypeRef, Opaque, OpaqueArg, TensorRef
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret
+from fusekit.ir.lowering import RULES, Builder, Out, Unsupported, V
 from fusekit.ir.op import Op
 from fusekit.ir.tensor import Format
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     import torch
     from torch import fx
 
-    from fusekit.ir.lowering import Builder, V
+# torch is imported inside the functions that trace: fusekit.ir imports this module and must not
+# load torch (tests/ir/test_ir_lean_import.py).
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +238,6 @@ def _walk(
 ) -> tuple[Graph, dict[str, torch.Tensor]]:
     import torch
 
-    from fusekit.ir.lowering import Builder, V
-
     b = Builder()
     env: dict[fx.Node, Any] = {}
     inputs: list[str] = []
@@ -278,8 +278,6 @@ def _walk(
 def _lower(b: Builder, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
     import torch
     from torch.fx.node import map_arg
-
-    from fusekit.ir.lowering import RULES, Out, Unsupported, V
 
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]  # type: ignore[index]
@@ -368,8 +366,6 @@ def _opaque(
 
 def _literal(arg: Any, target: str) -> OpaqueArg:
     import torch
-
-    from fusekit.ir.lowering import V
 
     if isinstance(arg, V):
         return TensorRef(arg.name)

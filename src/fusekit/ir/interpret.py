@@ -49,6 +49,9 @@ from fusekit.ir.op import Op
 if TYPE_CHECKING:
     import torch
 
+# torch is imported inside the functions that compute: fusekit.ir imports this module and must
+# not load torch (tests/ir/test_ir_lean_import.py).
+
 log = logging.getLogger(__name__)
 _NZ = "_nz"  # label of the stored non-zeros of a sparse operand (not a legal variable name)
 

@@ -118,7 +118,7 @@ def _sdpa(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> V:
-    import torch
+    import torch  # not at import: capture loads the rules with fusekit.ir
 
     if dropout_p > 0:
         raise ValueError("attention dropout is random; call model.eval() before capture")

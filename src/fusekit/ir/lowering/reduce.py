@@ -204,7 +204,7 @@ def _rms_norm(
     weight: V | None = None,
     eps: float | None = None,
 ) -> V:
-    import torch
+    import torch  # not at import: capture loads the rules with fusekit.ir
 
     if eps is None:
         eps = float(torch.finfo(getattr(torch, x.dtype)).eps)
