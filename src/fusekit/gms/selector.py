@@ -50,10 +50,8 @@ TREE_FORMAT = "fusekit-gms-selector-tree"
 #: new one for its measured best to answer it: about one doubling of one size or ratio.
 NEAREST_DISTANCE = 1.0
 
-#: The strategy that runs under autograd, per target kind: the selector models the forward only,
-#: so training runs the strategy whose backward is known to be fast there (CPU: (GMS)seg, whose
-#: dX is (GMS)seg on the transposed plan with no [E, K] pair buffer; GPU: G-Mseg-S, the vendor
-#: GEMM on the segments, as the Triton backward has not been timed on a GPU).
+#: The strategy that runs under autograd, per target kind (the model ranks forwards only): the
+#: backward known to be fast there (CPU: no [E, K] pair buffer; GPU: the vendor segment GEMM).
 TRAINING: Mapping[str, Strategy] = {
     "cpu": Strategy(Order.PAIRWISE, Dataflow.GMS_SEG),
     "gpu": Strategy(Order.PAIRWISE, Dataflow.G_MSEG_S),
