@@ -17,8 +17,10 @@ import argparse
 import csv
 import statistics
 from pathlib import Path
+from typing import Any
 
-from fusekit.accel.comet import DEVIATIONS, CometFitError, Compat, MeshShapeError, evaluate
+from fusekit.accel.comet.run import DEVIATIONS, CometFitError, Compat, MeshShapeError, evaluate
+from fusekit.accel.tree_model.report import Report
 from fusekit.report.records import Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
@@ -42,7 +44,7 @@ TABLES = (
 )  # fmt: skip
 
 
-def _evaluate(case: Path, compat: Compat) -> dict | str:
+def _evaluate(case: Path, compat: Compat) -> Report | str:
     try:
         return evaluate(case, compat=compat)
     except CometFitError:
@@ -62,13 +64,13 @@ def main() -> None:
         ]
     variants = {"comet": Compat(), **{n: Compat().without(n) for n in DEVIATIONS},
                 "native": Compat.native()}  # fmt: skip
-    records = []
+    records: list[dict[str, Any]] = []
     for case in cases:
         path = args.oracle / "cases" / case
         base = _evaluate(path, variants["comet"])
         for name, compat in variants.items():
             out = base if name == "comet" else _evaluate(path, compat)
-            rec = {"case": case, "deviation_off": name}
+            rec: dict[str, Any] = {"case": case, "deviation_off": name}
             if isinstance(out, str) or isinstance(base, str):
                 rec["status"] = out if isinstance(out, str) else "ok"
                 rec["comet_status"] = base if isinstance(base, str) else "ok"

@@ -25,8 +25,12 @@ import csv
 import statistics
 from pathlib import Path
 
-from fusekit.accel.comet import CometFitError, evaluate
-from fusekit.report.records import Plot, Summary, run_metadata, write_results
+from fusekit.accel.comet.fusion import KERNELS, unfused
+from fusekit.accel.comet.run import CometFitError, evaluate
+from fusekit.accel.comet.space import Space, label
+from fusekit.hw import Accelerator, load
+from fusekit.hw.cpu_gpu import plain
+from fusekit.report.records import Cell, Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
 PAPER_UP_TO = {"gemm_softmax": 1.42, "gemm_layernorm": 3.46}  # COMET paper, latency speedups
@@ -37,8 +41,8 @@ TITLE = (
     "tree model in COMET's mode and native mode, beside the COMET binary's own ratios and the "
     "paper's up-to speedups."
 )
-ORACLE_RUNS = {"study": "oracle"}
-TEMPLATES = {"study": "templates"}
+ORACLE_RUNS: dict[str, Cell] = {"study": "oracle"}
+TEMPLATES: dict[str, Cell] = {"study": "templates"}
 PLOTS = (
     Plot(title="Unfused / fused cycles (COMET mode), best of the shared runs per shape",
          x="M,N,K", y="comet_cycles_ratio", hue="op", stat="max", ref=1.0, where=ORACLE_RUNS),
@@ -64,14 +68,12 @@ TABLES = (
 
 def templates(shapes: list[tuple[str, str]]) -> list[dict[str, object]]:
     """The templates study (module docstring): one record per shape and op, COMET mode."""
-    from fusekit.accel.comet.fusion import KERNELS, unfused
-    from fusekit.accel.comet.space import Space, label
-    from fusekit.hw import load
-    from fusekit.hw.cpu_gpu import plain
-
     out: list[dict[str, object]] = []
     for arch, mnk in shapes:
-        doc = plain(load(arch).comet_arch)  # type: ignore[union-attr]
+        hw = load(arch)
+        if not isinstance(hw, Accelerator) or hw.comet_arch is None:
+            raise ValueError(f"comet_fusion: expected {arch} to be an accelerator with comet_arch")
+        doc = plain(hw.comet_arch)
         m, n, k = map(int, mnk.split(","))
         dims = {"M": m, "N": n, "K": k}
         for op in KERNELS:
@@ -116,10 +118,10 @@ def main() -> None:
             except CometFitError:  # native: a double-buffered level holds half
                 rec[f"{mode}_cycles_ratio"] = rec[f"{mode}_energy_ratio"] = None
                 continue
-            cyc = sum(int(u["total_cycles"]) for u in unf)  # type: ignore[call-overload]
-            pj = sum(float(u["total_energy_pj"]) for u in unf)  # type: ignore[arg-type]
-            rec[f"{mode}_cycles_ratio"] = cyc / int(fused["total_cycles"])  # type: ignore[call-overload]
-            rec[f"{mode}_energy_ratio"] = pj / float(fused["total_energy_pj"])  # type: ignore[arg-type]
+            cyc = sum(u["total_cycles"] for u in unf)
+            pj = sum(u["total_energy_pj"] for u in unf)
+            rec[f"{mode}_cycles_ratio"] = cyc / fused["total_cycles"]
+            rec[f"{mode}_energy_ratio"] = pj / fused["total_energy_pj"]
         rec["comet_binary_cycles_ratio"] = float(r["unfused_over_fused_cycles"])
         rec["comet_binary_energy_ratio"] = float(r["unfused_over_fused_energy"])
         rec["paper_up_to"] = PAPER_UP_TO[r["op"]]

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 Objective = Literal["latency", "energy", "edp"]
 OBJECTIVES: tuple[Objective, ...] = ("latency", "energy", "edp")
+#: Candidates per chunk: a worker's job, with one stage memo (:func:`fusekit.accel.model.prepare`).
+CHUNK_SIZE = 4000
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,7 @@ def explore(
     executor: Executor | None = None,
     fusions: Sequence[Fusion] = tuple(Fusion),
     collectives: Sequence[str] = ("mesh", "ring", "tree"),
-    chunk_size: int = 4000,
+    chunk_size: int = CHUNK_SIZE,
     prune: Objective | Literal["pareto"] | None = "pareto",
     on_chunk: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
