@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from fusekit.accel.comet import CometFitError, evaluate
+from fusekit.accel.comet.run import CometFitError, evaluate
 from fusekit.accel.comet.space import Space, arch_constraints, constants
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
