@@ -13,16 +13,28 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fusekit.accel.comet import (
+    DEVIATIONS,
     CometFitError,
     CometInputError,
     CometModelError,
+    Compat,
     MeshShapeError,
     evaluate,
+    templates,
 )
+from fusekit.accel.comet.files import read_arch, read_case, read_mapping, read_problem
+from fusekit.accel.comet.fusion import unfused
+from fusekit.accel.comet.space import Space, arch_constraints, read_constraints
+from fusekit.accel.comet.templates import write_template
 from fusekit.accel.commands import app
+from fusekit.accel.tree import TreeInputError, TreeMapping, tree_to_dict
+from fusekit.accel.tree_model import analyse
+from fusekit.hw import load
+from fusekit.hw.cpu_gpu import plain
 
 ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
 pytestmark = pytest.mark.skipif(
@@ -170,8 +182,6 @@ def test_tree_shape_that_crashes_comet_is_named(tmp_path):
 
 
 def test_each_deviation_switches_off_alone():
-    from fusekit.accel.comet import DEVIATIONS, Compat
-
     case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok1"
     comet = evaluate(case)
     assert comet["total_cycles"] == int(ROWS[case.name]["total_cycles"])
@@ -187,8 +197,6 @@ def test_each_deviation_switches_off_alone():
 
 def test_native_simd_energy_counts_every_unit():
     """README quirk 9: the fused mapping's GB-spatial node lists only D for ROWMAX."""
-    from fusekit.accel.comet import Compat
-
     fused = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok0"
     alone = ORACLE / "cases" / "au_edge_softmax_only_M256_N256_K128_ok0"
     comet = evaluate(fused)["energy_pj"]
@@ -202,14 +210,8 @@ def test_native_simd_energy_counts_every_unit():
 
 @pytest.mark.parametrize("hw", ["edge", "cloud"])
 def test_presets_carry_comets_arch_files(hw):
-    from fusekit.accel.comet.files import read_arch
-    from fusekit.hw import load
-    from fusekit.hw.cpu_gpu import plain
-
     ship = "arch.yaml" if hw == "edge" else "arch_cloud.yaml"
-    doc = __import__("yaml").safe_load(
-        (ORACLE / "shipped_inputs/iterative_mapper" / ship).read_text()
-    )
+    doc = yaml.safe_load((ORACLE / "shipped_inputs/iterative_mapper" / ship).read_text())
     preset = read_arch(plain(load(hw).comet_arch), hw)
     assert preset == read_arch(doc, ship)  # every level, spec figure, instance count and network
     cases = [
@@ -227,8 +229,6 @@ def test_presets_carry_comets_arch_files(hw):
     ],
 )
 def test_comet_space_beats_the_shared_tilings_and_writes_the_mapping(tmp_path, hw, case, dims):
-    from fusekit.accel.comet.space import Space, arch_constraints, read_constraints
-
     sp = Space(ORACLE / "cases" / case)
     ship = "constraints.yaml" if hw == "edge" else "constraints_cloud.yaml"
     fixed = read_constraints(ORACLE / "shipped_inputs/iterative_mapper" / ship)
@@ -264,10 +264,6 @@ def test_loop_nest_report():
 
 
 def test_builtin_templates_are_the_shared_mappings(tmp_path):
-    import yaml
-
-    from fusekit.accel.comet.templates import write_template
-
     ops = {"im_": "gemm_softmax", "_gemm_layernorm_fused_": "gemm_layernorm",
            "_gemm_only_": "gemm"}  # fmt: skip
     n = 0
@@ -295,17 +291,12 @@ def test_shipped_examples_evaluate():
     examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
     for op in ("gemm", "gemm_softmax", "gemm_layernorm", "attention"):
         d = examples / f"{op}_edge"
-        own = __import__("yaml").safe_load((d / "fusekit.yaml").read_text())
+        own = yaml.safe_load((d / "fusekit.yaml").read_text())
         assert own["extents"] == {"M": 1, "N": 1024, "K": 128}
         assert evaluate(d)["total_cycles"] > 0
 
 
 def test_fusekit_tree_form_round_trips(tmp_path):
-    import yaml
-
-    from fusekit.accel.comet.files import read_case
-    from fusekit.accel.tree import TreeInputError, tree_to_dict
-
     for case in ("im_edge_gemm_softmax_fused_M256_N256_K128_ok0",
                  "au_cloud_layernorm_only_M256_N256_K512_ok1",
                  "ex_example_run_gemm_softmax_fused_M256_N1024_K4096_noc"):  # fmt: skip
@@ -325,8 +316,6 @@ def test_fusekit_tree_form_round_trips(tmp_path):
 
 def test_native_mac_energy_follows_the_unit_class():
     """README quirk 6: example_run names its mac-class tile GEMM, which COMET charges per unit."""
-    from fusekit.accel.comet import Compat
-
     case = ORACLE / "cases" / "ex_example_run_gemm_softmax_fused_M256_N1024_K4096"
     comet = evaluate(case)
     native = evaluate(case, compat=Compat().without("energy_by_name"))
@@ -339,12 +328,6 @@ def test_native_mac_energy_follows_the_unit_class():
 
 def test_native_reads_simd_costs_from_the_arch(tmp_path):
     """README quirk 10: COMET's SIMD costs are constants; native reads the arch's where given."""
-    import shutil
-
-    import yaml
-
-    from fusekit.accel.comet import Compat
-
     case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok1"
     mine = tmp_path / "case"
     shutil.copytree(case, mine)
@@ -381,12 +364,6 @@ def test_native_reads_simd_costs_from_the_arch(tmp_path):
 
 def test_attention_template_adds_pv_and_its_all_reduce():
     """Attention: the softmax chain, then O = H V reduced over the split N, then reduce(O)."""
-    from fusekit.accel.comet import Compat
-    from fusekit.accel.comet.space import Space
-    from fusekit.accel.tree_model import analyse
-    from fusekit.hw import load
-    from fusekit.hw.cpu_gpu import plain
-
     arch = plain(load("edge").comet_arch)
     dims = {"M": 256, "N": 256, "K": 128}
     tiling = {"M": (2, 1, 1, 4, 1, 1, 1, 32), "N": (1, 2, 2, 1, 2, 2, 1, 16),
@@ -409,14 +386,6 @@ def test_attention_template_adds_pv_and_its_all_reduce():
                                     "gemm_softmax_fused", "gemm_layernorm_fused"])  # fmt: skip
 def test_templates_are_comets_files(family):
     """fusekit's templates, given a run's constants, give that run's numbers exactly."""
-    import yaml
-
-    from fusekit.accel.comet import Compat
-    from fusekit.accel.comet.files import read_arch, read_mapping, read_problem
-    from fusekit.accel.comet.templates import mapping, problem
-    from fusekit.accel.tree import TreeMapping
-    from fusekit.accel.tree_model import analyse
-
     op = family.replace("_only", "").replace("_fused", "")
     cases = [c for c in sorted((ORACLE / "cases").glob(f"*_{family}_*"))
              if c.name.startswith(("im_", "au_")) and "rej" not in c.name]  # fmt: skip
@@ -424,8 +393,8 @@ def test_templates_are_comets_files(family):
     for case in cases:
         const = yaml.safe_load((case / "constants.yaml").read_text())["const"]
         arch = read_arch(yaml.safe_load((case / "arch.yaml").read_text()), "arch.yaml")
-        prob = read_problem(problem(op), const, "problem.yaml")
-        root = read_mapping(mapping(op), prob, arch, const, "mapping.yaml")
+        prob = read_problem(templates.problem(op), const, "problem.yaml")
+        root = read_mapping(templates.mapping(op), prob, arch, const, "mapping.yaml")
         ours = analyse(TreeMapping(arch, prob, root, const, "mapping.yaml"), True, Compat())
         assert ours["total_cycles"] == int(ROWS[case.name]["total_cycles"]), case.name
         assert ours["total_energy_pj"] == pytest.approx(float(ROWS[case.name]["total_energy_pJ"]),
@@ -434,15 +403,8 @@ def test_templates_are_comets_files(family):
 
 def test_unfused_baseline_sums_its_kernels():
     """COMET's construction: GEMM and chain kernels at the fused tiling; attention adds PV."""
-    from fusekit.accel.comet import Compat
-    from fusekit.accel.comet.fusion import unfused
-    from fusekit.accel.comet.space import Space
-    from fusekit.hw import load
-    from fusekit.hw.cpu_gpu import plain
-
     arch = plain(load("edge").comet_arch)
     case = ORACLE / "cases" / "im_edge_gemm_softmax_fused_M256_N256_K128_ok0"
-    import yaml
 
     const = yaml.safe_load((case / "constants.yaml").read_text())["const"]
     dims = {"M": 256, "N": 256, "K": 128}

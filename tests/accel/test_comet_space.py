@@ -11,7 +11,7 @@ import pytest
 from fusekit.accel.comet.files import read_case
 from fusekit.accel.comet.space import Space, arch_constraints
 from fusekit.accel.compat import Compat
-from fusekit.accel.tree_model import ideal_op_cycles
+from fusekit.accel.tree_model import FitError, analyse, ideal_op_cycles
 from fusekit.hw import load
 from fusekit.hw.cpu_gpu import plain
 
@@ -90,8 +90,6 @@ def test_pruned_search_finds_the_exhaustive_best(op, hw, dims):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("hw", ["edge", "cloud"])
 def test_leaf_memo_gives_the_reference_record(op, hw):
-    from fusekit.accel.tree_model import FitError, analyse
-
     sp = _space(op, hw)
     for dims in SHAPES[hw][:2]:
         extents = dict(zip("MNK", dims, strict=True))

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import yaml
 from typer.testing import CliRunner
@@ -59,8 +60,6 @@ def test_eval_bad_mapping_names_the_node(tmp_path):
 
 
 def test_explore_writes_the_mapping_eval_reads(tmp_path):
-    from pathlib import Path
-
     f = tmp_path / "best" / "m.yaml"
     args = ["explore", "gemm_layernorm", "-M", "64", "-N", "64", "-K", "32", "--json"]
     result = runner.invoke(app, [*args, "--write-mapping", str(f)])
