@@ -129,8 +129,8 @@ def evaluate(
         problem: the compound op.
         hw: the accelerator.
         m: a valid mapping (see :func:`fusekit.accel.mapping.check_mapping`).
-        prepared: ``prepare(problem, hw)``, shared by the mappings of a search; a fresh one
-            when not given.
+        prepared: ``prepare(problem, hw)`` of this same problem and accelerator, shared by the
+            mappings of a search; a fresh one when not given.
 
     Returns:
         The breakdown.
