@@ -1,4 +1,9 @@
-"""Hardware descriptions: CPU and GPU targets, spatial accelerators, presets and detection."""
+"""Hardware descriptions: CPU and GPU targets, spatial accelerators, presets and detection.
+
+The names are imported, not loaded lazily through :func:`fusekit.lazy.lazy_getattr`: ``detect``
+and ``load`` share their modules' names, and a loaded submodule would shadow them. No module
+here imports torch at import.
+"""
 
 from fusekit.hw.accel import Accelerator as Accelerator
 from fusekit.hw.accel import MemoryLevel as MemoryLevel

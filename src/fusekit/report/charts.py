@@ -33,7 +33,9 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
+    # matplotlib loads when a chart is drawn, not at CLI start-up (which imports fusekit.report)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +127,7 @@ def _wide_range(values: Sequence[float]) -> bool:
 
 def _log_scale(axis: Any) -> None:
     """A logarithmic axis labelled in plain numbers (0.5, 1, 2, 50M), not powers of ten."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # see pyplot
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
@@ -185,7 +187,7 @@ def bar_chart(
         or longest > _MAX_UPRIGHT_LABEL
         or n_bars > _MAX_UPRIGHT_BARS
     )
-    plt = _pyplot()
+    plt = pyplot()
     if horizontal:
         size = (7.5, max(2.2, 0.26 * n_bars + 0.12 * len(categories) + 0.9))
     else:
@@ -262,7 +264,7 @@ def line_chart(
     if not all(_number(v) for v in xs):
         bad = next(v for v in xs if not _number(v))
         raise ValueError(f"line_chart: expected every '{x}' to be a number (got {bad!r})")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     markers = "osD^v<>pXh"
     for i, (name, points) in enumerate(series.items()):

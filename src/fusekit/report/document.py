@@ -98,7 +98,7 @@ class Figure:
         Returns:
             The figure with its PNG bytes.
         """
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # not at import: the CLI loads fusekit.report at start-up
 
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")

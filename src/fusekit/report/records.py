@@ -24,9 +24,12 @@ a plot or table names is present in the records it selects, and raises one
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
+import platform
+import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +37,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fusekit import __version__
 from fusekit.errors import ConfigError
 
 #: The value of every results file's ``schema`` key.
@@ -289,12 +293,6 @@ def run_metadata(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
     Returns:
         A JSON-ready mapping (the ``meta`` of :class:`Results`).
     """
-    import datetime as dt
-    import platform
-    import subprocess
-
-    from fusekit import __version__
-
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -312,7 +310,7 @@ def run_metadata(hardware: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
     }
     try:
-        import torch
+        import torch  # not at import: the CLI loads fusekit.report at start-up
 
         meta["torch"] = torch.__version__
         meta["torch_threads"] = torch.get_num_threads()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fusekit.accel import Fusion, attention, evaluate, explore, gemm_layernorm, gemm_softmax
+from fusekit.accel import Fusion, attention, comet, evaluate, explore, gemm_layernorm, gemm_softmax
+from fusekit.accel.plot import draw_pareto
 from fusekit.accel.problem import Problem
 from fusekit.accel.search import Scored
 from fusekit.hw import Accelerator, load
@@ -25,8 +26,6 @@ def pareto_figure(
     title: str, front: tuple[Scored, ...], bests: dict[Fusion, Scored], chosen: Scored
 ) -> Figure:
     """The search's latency-energy plot (:func:`fusekit.accel.plot.draw_pareto`) as a figure."""
-    from fusekit.accel.plot import draw_pareto
-
     fig = draw_pareto("", front, bests, chosen)
     return Figure.from_matplotlib(
         title,
@@ -52,9 +51,7 @@ def comet_blocks(case: Path, title: str) -> tuple[Table, ...]:
     per level and tensor (tiles moved per instance, summed over the nest), and COMET's per-unit
     cycle table.
     """
-    from fusekit.accel.comet import evaluate
-
-    out: dict[str, Any] = evaluate(case)
+    out: dict[str, Any] = comet.evaluate(case)
     nest = [
         ("  " * int(r["depth"]) + str(r["node"]), r["type"], _loops(r), r.get("cycles"))
         for r in out["nest"]

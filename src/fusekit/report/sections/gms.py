@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fusekit.gms.commands import explain_records, run_records
 from fusekit.report.charts import bar_chart
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
@@ -13,8 +14,6 @@ _WIDTH = 16
 
 def build(options: TourOptions) -> Section:
     """The gms section: the plan of a synthetic RGCN layer and each strategy's median time."""
-    from fusekit.gms.commands import explain_records, run_records
-
     records = run_records(
         "rgcn",
         _WIDTH,

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from fusekit.console import binary_bytes, si
 from fusekit.hw import Accelerator, CPUTarget, GPUTarget, detect, load, preset_names
 from fusekit.hw.load import LOCAL_CPU, LOCAL_GPU
+from fusekit.report.charts import pyplot
 from fusekit.report.document import Figure, Section, Table
 from fusekit.report.tour import TourOptions
 
 
 def _has_cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
 def _roofline_figure(targets: list[CPUTarget | GPUTarget]) -> Figure:
     """Attainable FLOP/s against arithmetic intensity, fp32 (solid) and bf16 (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     intensity = np.logspace(-2, 4, 200)  # FLOP per byte of DRAM traffic
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, target in enumerate(targets):

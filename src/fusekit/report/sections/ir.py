@@ -8,6 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_leaves
+
+from fusekit.ir import OpKind, capture, find_gms_chains, format_op
+from fusekit.ir.examples import EXAMPLES
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
 
@@ -16,20 +21,12 @@ _KINDS = ("contraction", "map", "reduce", "gather", "scatter", "opaque")
 
 
 def _max_abs_error(eager: Any, captured: tuple[Any, ...]) -> float:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
     expected = [x for x in tree_leaves(eager) if isinstance(x, torch.Tensor)]
     return max(float((e - c).abs().max()) for e, c in zip(expected, captured, strict=True))
 
 
 def build(options: TourOptions) -> Section:
     """The IR section: one row per built-in model, sample ops, and the g-mm-s chains found."""
-    import torch
-
-    from fusekit.ir import OpKind, capture, find_gms_chains, format_op
-    from fusekit.ir.examples import EXAMPLES
-
     records: list[dict[str, Any]] = []
     samples: list[tuple[str, str, str]] = []
     chain_lines: list[str] = []

@@ -12,6 +12,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
+
+from fusekit.data import entities, lidar_scan
+from fusekit.data.tokens import moe_batch
+from fusekit.nn import MoE, RGCNConv, SparseTensor, SubMConv3d
 from fusekit.report.charts import bar_chart
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
@@ -19,11 +24,6 @@ from fusekit.search.measure import time_call
 
 
 def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
-    import torch
-
-    from fusekit.data import entities
-    from fusekit.nn import RGCNConv
-
     g = entities("aifb")
     torch.manual_seed(0)
     x = torch.randn(g.num_nodes, 16)
@@ -32,7 +32,7 @@ def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
         "fusekit RGCNConv": lambda: ours(x, g.edge_index, g.edge_type)
     }
     try:
-        from torch_geometric.nn import RGCNConv as PygRGCNConv
+        from torch_geometric.nn import RGCNConv as PygRGCNConv  # the optional 'peers' extra
     except ImportError:
         pyg = None
     else:
@@ -53,10 +53,8 @@ def _rgcn_rows(repeats: int) -> list[dict[str, Any]]:
 
 def _hf_experts(moe: Any) -> Any:
     """HF's ``MixtralExperts`` with ``moe``'s weights, or None without transformers."""
-    import torch
-
     try:
-        from transformers import MixtralConfig
+        from transformers import MixtralConfig  # the optional 'peers' extra
         from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     except ImportError:
         return None
@@ -75,11 +73,6 @@ def _hf_experts(moe: Any) -> Any:
 
 
 def _moe_rows(repeats: int) -> list[dict[str, Any]]:
-    import torch
-
-    from fusekit.data.tokens import moe_batch
-    from fusekit.nn import MoE
-
     hidden, ffn, experts, top_k = 512, 1024, 8, 2
     rows = []
     for tokens in (1, 256):
@@ -114,11 +107,6 @@ def _moe_train_rows(repeats: int, tokens: int = 16) -> list[dict[str, Any]]:
     Gradients of ``x``, the routing weights and the expert weights; the rows' ``err`` compares
     the first two.
     """
-    import torch
-
-    from fusekit.data.tokens import moe_batch
-    from fusekit.nn import MoE
-
     hidden, ffn, experts, top_k = 512, 1024, 8, 2
     batch = moe_batch(tokens, hidden, experts, top_k, skew=1.0, seed=tokens)
     weights, chosen = batch.route()
@@ -160,11 +148,6 @@ def _moe_train_rows(repeats: int, tokens: int = 16) -> list[dict[str, Any]]:
 
 
 def _conv_rows(repeats: int) -> list[dict[str, Any]]:
-    import torch
-
-    from fusekit.data import lidar_scan
-    from fusekit.nn import SparseTensor, SubMConv3d
-
     scan = lidar_scan()
     torch.manual_seed(0)
     x = torch.randn(scan.coords.shape[0], 32)
@@ -175,7 +158,7 @@ def _conv_rows(repeats: int) -> list[dict[str, Any]]:
         )
     }
     try:
-        import spconv.pytorch as spconv
+        import spconv.pytorch as spconv  # the optional 'peers' extra
     except ImportError:
         peer = None
     else:

@@ -5,15 +5,14 @@ from __future__ import annotations
 from fusekit.report.charts import bar_chart
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
+from fusekit.sparse.fusion_table import fusion_table
+from fusekit.sparse.schedule import CUTS
+from fusekit.sparse.search import explore
+from fusekit.sparse.workloads import bigbird, gcn
 
 
 def build(options: TourOptions) -> Section:
     """The sparse section: GCN on Cora and a small BigBird attention, best schedule per cut."""
-    from fusekit.sparse.fusion_table import fusion_table
-    from fusekit.sparse.schedule import CUTS
-    from fusekit.sparse.search import explore
-    from fusekit.sparse.workloads import bigbird, gcn
-
     rows: list[dict[str, object]] = []
     fusion: Table | None = None
     for w in (gcn("cora", seed=options.seed), bigbird(tokens=256, block=32, seed=options.seed)):

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import torch
+
+from fusekit.hw import detect
 from fusekit.report.document import Section, Table, Text
 from fusekit.report.tour import TourOptions
+from fusekit.stitch.runner import Stitched
+from fusekit.stitch.workloads import NAMES, load_workload
 
 _QUICK = ("layernorm_bwd", "masked_softmax", "sibling_reductions", "bert")
 
 
 def build(options: TourOptions) -> Section:
     """Plan and run a few small subgraphs and the BERT layer; report plans and agreement."""
-    import torch
-
-    from fusekit.hw import detect
-    from fusekit.stitch.runner import Stitched
-    from fusekit.stitch.workloads import NAMES, load_workload
-
     target = detect()
     records = []
     for name in _QUICK if options.quick else NAMES:
