@@ -33,6 +33,8 @@ import torch
 
 from fusekit.errors import expected
 
+# scipy (slow to load) is imported by the citation graphs only: the entity graphs need none.
+
 FILES = Path(__file__).parent / "files"
 
 #: Published statistics of the R-GCN entity-classification graphs (PyG ``Entities``), inverses in.
