@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,20 +86,26 @@ class ParseMemo:
         if buffer is None:
             return
         key = id(buffer)
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is None or entry[0]() is not plan or entry[1] != version:
+                self._plans[key] = (weakref.ref(plan, self._forgetter(key)), version)
+            self._strong.pop(key, None)
+            if strong:  # the most recent last
+                self._strong[key] = plan
+                if len(self._strong) > self._kept:
+                    self._strong.popitem(last=False)
 
-        def forget(ref: weakref.ref[_Remembered], key: int = key) -> None:
+    def _forgetter(self, key: int) -> Callable[[weakref.ref[_Remembered]], None]:
+        """The callback that drops ``key``'s entry when its plan dies (unless replaced since)."""
+
+        def forget(ref: weakref.ref[_Remembered]) -> None:
             with self._lock:
                 entry = self._plans.get(key)
                 if entry is not None and entry[0] is ref:
                     del self._plans[key]
 
-        with self._lock:
-            self._plans[key] = (weakref.ref(plan, forget), version)
-            self._strong.pop(key, None)
-            if strong:
-                self._strong[key] = plan
-                if len(self._strong) > self._kept:
-                    self._strong.popitem(last=False)
+        return forget
 
     def release(self) -> None:
         """Let go of the plans held strongly; plans held elsewhere stay remembered."""
@@ -171,7 +178,9 @@ class PlanPool:
 
     def owns(self, buffer: torch.Tensor) -> bool:
         """Whether ``buffer`` is a buffer this pool lent and that is still in use."""
-        return buffer.device.type == "cpu" and buffer.untyped_storage().data_ptr() in self._leases
+        if not self._leases or buffer.device.type != "cpu":
+            return False
+        return buffer.untyped_storage().data_ptr() in self._leases
 
     def clear(self) -> None:
         """Forget every buffer (a leased one stays valid for its holders, then is freed)."""
