@@ -3,7 +3,8 @@
 Each part registers its own commands in ``fusekit/<part>/commands.py`` (a ``typer.Typer`` called
 ``app``); this module mounts the ones that exist and adds ``tour``. Errors that fusekit raises on
 bad input are printed as one line on stderr, with exit status 2 and no traceback; set
-``FUSEKIT_DEBUG=1`` for the traceback.
+``FUSEKIT_DEBUG=1`` for the traceback. Before any command runs, ``OMP_WAIT_POLICY`` is set to
+``PASSIVE`` when unset (:func:`fusekit.threads.prefer_passive_wait`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _mount_groups() -> None:
 def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress.")] = False,
 ) -> None:
+    prefer_passive_wait()  # before a command loads torch or numba, whose OpenMP pools alternate
     debug = verbose or bool(os.environ.get("FUSEKIT_DEBUG"))
     logging.basicConfig(
         level=logging.INFO if debug else logging.WARNING,
@@ -72,7 +74,6 @@ def tour(
     ] = 0,
 ) -> None:
     """Run every part that exists on small built-in defaults and write an HTML report."""
-    prefer_passive_wait()  # before any section loads torch: its pool and numba's alternate
     total = len(available_sections())
     with progress("tour", total=total) as bar:
 

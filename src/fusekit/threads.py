@@ -2,10 +2,11 @@
 
 numba's parallel kernels and torch's ops run on two OpenMP runtimes (two libgomp copies). A
 runtime that spins after its parallel region keeps its threads busy while the other pool needs
-the cores, so fusekit asks for ``OMP_WAIT_POLICY=PASSIVE`` wherever it alternates the two (the
-stitched kernels, the tour). A runtime reads the variable once, when it is loaded: torch's at
-``import torch``, numba's when its first parallel kernel is compiled. Nothing here runs at import;
-an explicit value in the environment is never changed.
+the cores, so fusekit asks for ``OMP_WAIT_POLICY=PASSIVE`` where it may alternate the two: the
+``fusekit`` command before any command runs, the tour, and a stitched graph before its kernels
+compile. A runtime reads the variable once, when it is loaded: torch's at ``import torch``,
+numba's when its first parallel kernel is compiled. Nothing here runs at import; an explicit
+value in the environment is never changed.
 """
 
 from __future__ import annotations

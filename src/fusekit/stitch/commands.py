@@ -14,7 +14,6 @@ from fusekit.hw import detect
 from fusekit.ir.capture import capture
 from fusekit.ir.dot import to_dot
 from fusekit.search import time_call
-from fusekit.threads import prefer_passive_wait
 
 # torch, the workloads, the planner (numpy, HiGHS) and the runner (numba) are imported inside the
 # commands: the CLI mounts this module at start-up.
@@ -162,7 +161,6 @@ def bench_command(
     as_json: JsonOption = False,
 ) -> None:
     """Time MODEL eager against its stitched kernels (and check they agree)."""
-    prefer_passive_wait()  # before torch loads: its pool and numba's alternate in the kernels
     import torch
 
     from fusekit.stitch.runner import Stitched
