@@ -127,7 +127,7 @@ def mirrored(plan: GMSPlan) -> bool:
     ``q = ptr[S-1-s] + p - ptr[s]`` when ``(gather, scatter)[q] = (scatter, gather)[p]``, every
     segment as long as its mirror and as many inputs as outputs. A submanifold kernel map
     written in key order is such a plan (the mirror of a pair has its rank:
-    :func:`fusekit.nn.kmap._write_symmetric`). The check costs a few passes over ``E``, far
+    :func:`fusekit.gms.kmap.pairs._write_symmetric`). The check costs a few passes over ``E``, far
     less than a transposed plan, and holds whoever built the plan.
     """
     hit = plan.derived.mirrored
