@@ -30,17 +30,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import torch
 
 from fusekit.data import entities, lidar_scan
 from fusekit.gms import GMSPlan, GMSProblem, enumerate_candidates, gms, plan
 from fusekit.gms import workloads as W
 from fusekit.gms.kernels.cpu.g_mseg_s import grouped_mm_supported
+from fusekit.gms.kernels.cpu.gms_seg import gms_seg_cpu
+from fusekit.gms.kernels.cpu.skeleton import dataflow_kernel
+from fusekit.gms.kernels.cpu.tile import FASTMATH
 from fusekit.gms.kernels.reference import gms_aten
 from fusekit.hw import CPUTarget, detect
 from fusekit.report.records import Plot, Summary, run_metadata, write_results
@@ -311,15 +316,11 @@ def backend_study(target: CPUTarget, repeats: int) -> list[dict[str, object]]:
     """Build both kernels from scratch (timed) and run them on AIFB, K = M in {16, 64}.
 
     ``build_s``: the C++ extension compiled into a fresh folder (g++ with the torch headers);
-    the numba kernel's Python function compiled again without its cache, on its first call.
+    the numba kernel's Python function compiled again without its cache, on its first call
+    (its ``(GMS)seg`` specialisation).
     """
-    import tempfile
-
-    import numba
+    # setuptools and the build machinery: only this study needs them (half a second to import)
     from torch.utils.cpp_extension import load_inline
-
-    from fusekit.gms.kernels.cpu import gms_seg
-    from fusekit.gms.kernels.cpu.tile import FASTMATH
 
     with tempfile.TemporaryDirectory() as build_dir:
         start = time.perf_counter()
@@ -332,14 +333,17 @@ def backend_study(target: CPUTarget, repeats: int) -> list[dict[str, object]]:
             build_directory=build_dir,
         )
         cpp_build_s = time.perf_counter() - start
-    fresh = numba.njit(parallel=True, cache=False, fastmath=FASTMATH)(
-        gms_seg._gms_seg_kernel.py_func
-    )
+    fresh = numba.njit(parallel=True, cache=False, fastmath=FASTMATH)(dataflow_kernel.py_func)
     start = time.perf_counter()
     tiny = plan(GMSProblem.create(*(torch.arange(3),) * 3, 3))
-    args = [torch.zeros(3, 4), torch.zeros(3, 4, 4), tiny.gather, tiny.scatter, torch.ones(1)]
-    args += [torch.zeros(3, 4), tiny.tile_segment, tiny.tile_start, tiny.tile_end, tiny.block_ptr]
-    fresh(*(a.numpy() for a in args), False, False)
+    x, w, out, one = (
+        t.numpy()
+        for t in (torch.zeros(3, 4), torch.zeros(3, 4, 4), torch.zeros(3, 4), torch.ones(1))
+    )
+    gather, scatter = tiny.gather.numpy(), tiny.scatter.numpy()
+    tiles = [t.numpy() for t in (tiny.tile_segment, tiny.tile_start, tiny.tile_end, tiny.block_ptr)]
+    # the (GMS)seg specialisation: gather indices, no groups or scratch, a scatter
+    fresh(x, w, out, gather, None, None, None, scatter, one, *tiles, False, False)
     numba_build_s = time.perf_counter() - start
     wl = rgcn("aifb")
     pl = plan(GMSProblem.create(wl.gather, wl.segment, wl.scatter, wl.n_out, reduce="sum"))
@@ -347,7 +351,7 @@ def backend_study(target: CPUTarget, repeats: int) -> list[dict[str, object]]:
     for k in (16, 64):
         x, w = torch.randn(wl.n_in, k), torch.randn(wl.num_segments, k, k)
         impls = {
-            "numba (GMS)seg": lambda x=x, w=w: gms_seg.gms_seg_cpu(x, w, pl, None),
+            "numba (GMS)seg": lambda x=x, w=w: gms_seg_cpu(x, w, pl, None),
             "C++ (GMS)seg": lambda x=x, w=w: module.gms_seg(
                 x,
                 w,

@@ -9,13 +9,13 @@
 Dataflow: both intermediates, ``Xg[E, K]`` and ``P[E, M]``, go through memory; in exchange the
 GEMM is the vendor's. Kernel 2 is one ``torch.mm`` per non-empty segment (MKL on the CPU) writing
 into ``P``. ``Xg`` and ``P`` are the thread's scratch buffers, reused across calls (see
-:func:`~fusekit.gms.kernels.cpu.rows.scratch`), so a call allocates only ``Y``; kernel 3 writes
+:func:`~fusekit.gms.memory.scratch`), so a call allocates only ``Y``; kernel 3 writes
 each row of ``Y`` once, the scale fused. Kernels 1 and 3 replace ATen's ``index_select`` and
 ``index_add_``, whose bytes/s fall far below the streaming bandwidth
 (``benchmarks/hw_roofline.py``). Where the GEMM dominates (large ``K * M``, as in
 Mixture-of-Experts) this dataflow and ``(GM)seg-S`` (the numba register tile instead of MKL,
-no ``Xg``) are within a few percent of the bare GEMMs; ``benchmarks/gms_kernels.py`` measures
-which is ahead on a machine.
+no ``Xg``) both run close to the bare GEMMs; ``benchmarks/gms_kernels.py`` (``over_floor``)
+measures which is ahead on a machine.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.checks import check_operands, check_segment_ptr
-from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu, scratch
+from fusekit.gms.kernels.cpu.rows import check_out, gather_rows_cpu, reduce_rows_cpu
 from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, segment_skinny_mm, weight_layout
+from fusekit.gms.memory import scratch
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
+    from fusekit.gms.planning.layout import GMSPlan
 
 
 def grouped_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` accepts these operands on this build (dtype, 16-byte rows)."""
-    import torch
-
     if not hasattr(torch, "_grouped_mm") or a.dtype not in (torch.float32, torch.bfloat16):
         return False
     return all((t.shape[-1] * t.element_size()) % 16 == 0 for t in (a, b))
@@ -50,8 +50,6 @@ def check_matrices(rows: torch.Tensor, w: torch.Tensor) -> None:
         TypeError: not tensors, or of different dtypes.
         ValueError: the wrong dimensions, ``K`` or device.
     """
-    import torch
-
     if not isinstance(rows, torch.Tensor) or not isinstance(w, torch.Tensor):
         raise TypeError(expected("gms", "rows, w", "tensors", (type(rows), type(w))))
     if rows.dtype != w.dtype:
@@ -90,8 +88,6 @@ def segment_mm(
         ValueError: their shapes do not match, ``segment_ptr`` is not a pointer over the rows
             or names more segments than ``w`` has, or ``out`` has the wrong shape.
     """
-    import torch
-
     check_matrices(rows, w)
     check_segment_ptr(segment_ptr, rows.shape[0])
     n_segments = segment_ptr.shape[0] - 1
@@ -134,9 +130,9 @@ def segment_outer_mm(
     Otherwise the result starts as zeros that cost nothing until touched (on the CPU numpy's
     ``calloc``, where ``torch.zeros`` writes every page) and one ``torch.mm`` per segment with
     positions writes its matrix: a segment without positions (an expert no token chose) leaves
-    its pages unwritten. At a few tokens writing ``dW`` is most of an MoE backward, and most of
-    that is faulting in fresh pages (64 experts of ``1024 x 3 x 512``, 4 tokens top-6: 402 MB of
-    which at most 24 experts' are products).
+    its pages unwritten. At a few tokens most experts get no token, so writing all of ``dW``
+    would mostly fault in fresh pages that no product needs (4 tokens top-6 of 64 experts: at
+    most 24 of the 64 matrices are products).
 
     Args:
         a: ``[E, K]`` sorted by segment.
@@ -151,8 +147,6 @@ def segment_outer_mm(
         ValueError: ``a`` and ``b`` do not have one row per position and one dtype,
             ``segment_ptr`` is not a pointer over them, or ``n_segments`` is too small.
     """
-    import torch
-
     if not (a.dim() == b.dim() == 2 and a.shape[0] == b.shape[0] and a.dtype == b.dtype):
         got = f"{tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}"
         raise ValueError(expected("gms", "a, b", "[E, K] and [E, M] of one dtype", got))
@@ -181,8 +175,6 @@ def per_segment_mm(
     function (:func:`fusekit.gms.dispatch.pair_values`), so its winners match the forward's to
     the last bit (the skinny kernels of :func:`segment_mm` round differently).
     """
-    import torch
-
     for s in range(len(bounds) - 1):
         lo, hi = bounds[s], bounds[s + 1]
         if hi > lo:
@@ -195,15 +187,11 @@ def lazy_zeros(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
 
     numpy's ``zeros`` is ``calloc``, which for blocks past the C allocator's mmap threshold
     (128 KiB, rising to at most 32 MiB) maps fresh pages that read as zeros until first written,
-    where ``torch.zeros`` fills (faults in) every page (235 MB: 70 ms against 0.03 ms here; a
-    smaller block may be cleared by ``calloc``, which is only as slow). Reading untouched pages
-    later costs no more than reading written ones (an SGD step over 402 MB of such gradients:
-    37 ms against 53). The tensor shares the array's memory (its storage cannot be resized).
+    where ``torch.zeros`` fills (faults in) every page (a smaller block may be cleared by
+    ``calloc``, which is only as slow). Reading untouched pages later costs no more than reading
+    written ones. The tensor shares the array's memory (its storage cannot be resized).
     Other devices and dtypes: ``torch.zeros``.
     """
-    import numpy as np
-    import torch
-
     name = {torch.float32: "float32", torch.float64: "float64"}.get(like.dtype)
     if like.device.type != "cpu" or name is None:
         return like.new_zeros(shape)
@@ -230,10 +218,10 @@ def g_mseg_s_cpu(
     """
     check_operands(x, w, scale, plan.num_pairs, plan.num_segments)
     e, dtype = plan.num_pairs, x.dtype
-    bounds = plan.memo.get("segment bounds")
-    if bounds is None:  # checked once per plan, like every memo entry
+    bounds = plan.derived.segment_bounds
+    if bounds is None:  # checked once per plan, like everything derived from it
         check_segment_ptr(plan.segment_ptr, e)
-        bounds = plan.memo["segment bounds"] = plan.segment_ptr.tolist()
+        bounds = plan.derived.segment_bounds = plan.segment_ptr.tolist()
     gathered = gather_rows_cpu(x, plan.gather, out=scratch("rows", e, x.shape[1], dtype))
     products = per_segment_mm(gathered, w, bounds, scratch("products", e, w.shape[2], dtype))
     return reduce_rows_cpu(

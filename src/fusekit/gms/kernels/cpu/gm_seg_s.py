@@ -10,7 +10,8 @@ gathered copy) and writes the products ``P[E, M]`` in plan order; kernel 2 walks
 CSR, one output row per thread, writing each row once. ``P`` makes one round trip through
 memory (the thread's scratch buffer, reused across calls); in exchange no two threads ever write
 the same row and kernel 1 needs no ownership: its work items are the plan's (``pad`` or
-``pack``) items, not destination blocks.
+``pack``) items, not destination blocks. Kernel 1 is
+:func:`~fusekit.gms.kernels.cpu.skeleton.dataflow_kernel` with the gather indices, no scatter.
 
 Kernel 1 alone, with ``A = dY``, ``a_index = d`` and ``W^T``, is the first half of the input
 gradient (see ``fusekit.gms.dispatch``).
@@ -20,80 +21,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numba
+import torch
 
 from fusekit.gms.kernels.cpu.checks import check_index, check_operands
-from fusekit.gms.kernels.cpu.rows import (
-    check_out,
-    numpy_of,
-    plan_array,
-    raise_if_bad,
-    reduce_rows_cpu,
-    scratch,
-)
-from fusekit.gms.kernels.cpu.tile import (
-    FASTMATH,
-    MR,
-    MR_NR,
-    NR,
-    load_rows,
-    stack_buffer,
-    tile_ok,
-    tile_product,
-)
+from fusekit.gms.kernels.cpu.rows import check_out, numpy_of, raise_if_bad, reduce_rows_cpu
+from fusekit.gms.kernels.cpu.skeleton import run_dataflow, tiles_of
+from fusekit.gms.memory import scratch
 
 if TYPE_CHECKING:
-    import torch
-
-    from fusekit.gms.problem import GMSPlan
-
-
-@numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _gm_seg_kernel(  # type: ignore[no-untyped-def]
-    # pointers: a [R, K], a_index [E], w [S, K, M], out [E, M]
-    a,
-    a_index,
-    w,
-    out,
-    # schedule: tiles [T], item_ptr [I + 1]
-    tile_segment,
-    tile_start,
-    tile_end,
-    item_ptr,
-):
-    n_rows = a.shape[0]
-    n_segments = w.shape[0]
-    M = w.shape[2]
-    n_pairs = min(a_index.shape[0], out.shape[0])
-    n_tiles = tile_start.shape[0]
-    bad = 0
-    for item in numba.prange(item_ptr.shape[0] - 1):
-        rows = stack_buffer(a_index, MR)
-        acc = numba.carray(stack_buffer(a, MR_NR), (MR, NR))
-        if item_ptr[item] < 0 or item_ptr[item + 1] > n_tiles:
-            bad += 1
-            continue
-        for t in range(item_ptr[item], item_ptr[item + 1]):
-            if not tile_ok(t, tile_segment, tile_start, tile_end, n_segments, n_pairs):
-                bad += 1
-                continue
-            s = tile_segment[t]
-            for e in range(tile_start[t], tile_end[t], MR):
-                n = min(MR, tile_end[t] - e)
-                # ---- prologue: gather indices are the register tile's rows ----
-                if not load_rows(a_index, e, n, n_rows, rows):
-                    bad += 1
-                    continue
-                for m0 in range(0, M, NR):
-                    nc = min(NR, M - m0)
-                    # ---- GEMM ----
-                    tile_product(a, rows, w, s, m0, nc, acc)
-                    # ---- epilogue: store the products in plan order ----
-                    for r in range(n):
-                        row = out[e + r, m0 : m0 + nc]
-                        for j in range(nc):
-                            row[j] = acc[r, j]
-    return bad
+    from fusekit.gms.planning.layout import GMSPlan
 
 
 def segment_products_cpu(
@@ -121,22 +57,17 @@ def segment_products_cpu(
         ValueError: an operand's shape is wrong, or a guarded tile, item or row index is out
             of range.
     """
-    import torch
-
     check_operands(a, w, None, plan.num_pairs, plan.num_segments, x_name="a")
     check_index("a_index", a_index, plan.num_pairs)
     if out is None:
         out = torch.empty(plan.num_pairs, w.shape[2], dtype=a.dtype)
     check_out(out, (plan.num_pairs, w.shape[2]), a.dtype)
-    bad = _gm_seg_kernel(
+    bad = run_dataflow(
         numpy_of(a),
-        numpy_of(a_index),
         numpy_of(w),
-        numpy_of(out),
-        plan_array(plan, "tile_segment"),
-        plan_array(plan, "tile_start"),
-        plan_array(plan, "tile_end"),
-        plan_array(plan, "item_ptr"),
+        numpy_of(out),  # the products stored in plan order
+        tiles_of(plan, "item_ptr"),
+        a_index=numpy_of(a_index),  # the gather indices are the register tile's rows
     )
     raise_if_bad(bad, "tiles", "items, segments, positions and rows in range")
     return out

@@ -1,4 +1,4 @@
-"""The register tile every CPU dataflow is built from, and its epilogues (numba).
+"""The register tile every CPU dataflow is built from, its prologues and epilogues (numba).
 
 One call of :func:`tile_product` computes an ``MR x NR`` block of a segment GEMM::
 
@@ -8,12 +8,14 @@ with the ``MR * NR`` accumulators on the stack (an LLVM ``alloca``), so that LLV
 vector registers across the ``k`` loop: per ``k``, ``MR`` broadcasts of ``A``, two 8-wide loads
 of ``W`` and ``2 MR`` fused multiply-adds. ``rows`` holds the ``A`` row of each tile row: the
 gather indices themselves when the gather is fused into the GEMM prologue, or consecutive
-positions of an already gathered buffer. A partial tile repeats its first row (a valid index) and
-its epilogue stores only the valid rows.
+positions of an already gathered buffer, or rows aggregated into a scratch. A partial tile
+repeats its first row (a valid index) and its epilogue stores only the valid rows.
 
-``MR = 4, NR = 16`` was measured best (single thread, K = M = 64: 71 GFLOP/s against 44-57 for
-8x8, 30 for 6x16, 48 for 12x8; K = M = 16 equal to 8x8) for AVX2 fp32: 8 accumulators, 2 weight
-vectors and the broadcasts fit the 16 ymm registers.
+``MR = 4, NR = 16`` suits AVX2 fp32: 8 accumulators, 2 weight vectors and the broadcasts fit the
+16 ymm registers (it ran fastest of 4x16, 8x8, 6x16 and 12x8 at K = M = 64).
+
+The pieces are inlined (``inline="always"``) into the one loop that runs them,
+:func:`~fusekit.gms.kernels.cpu.skeleton.dataflow_kernel`.
 
 Nothing compiles at import: numba compiles on first call and caches the machine code
 (``cache=True``). numba does not track edits to this file from the kernels that inline it; clear
@@ -21,6 +23,9 @@ Nothing compiles at import: numba compiles on first call and caches the machine 
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
 
 import numba
 import numpy as np
@@ -38,22 +43,27 @@ MR_NR = MR * NR
 FASTMATH = {"contract"}
 
 
-@intrinsic
-def stack_buffer(typingctx, like, size):  # type: ignore[no-untyped-def]
-    """A pointer to ``size`` elements of ``like.dtype`` on the stack (``size`` a literal int).
-
-    Use ``numba.carray(stack_buffer(a, 64), (8, 8))`` for an array view. The ``alloca`` sits in
-    the function's entry block, so a loop may call this without growing the stack.
-    """
+def _stack_buffer(
+    typingctx: object, like: types.Type, size: types.Type
+) -> tuple[Any, Callable[..., Any]] | None:
+    """Typing and code generation of :data:`stack_buffer` (numba calls it while compiling)."""
     if not isinstance(size, types.IntegerLiteral) or not isinstance(like, types.Array):
         return None
     dtype = like.dtype
     count = size.literal_value
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return cgutils.alloca_once(builder, context.get_value_type(dtype), size=count)
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return cgutils.alloca_once(builder, context.get_value_type(dtype), size=count)  # type: ignore[no-untyped-call]
 
-    return types.CPointer(dtype)(like, size), codegen
+    return types.CPointer(dtype)(like, size), codegen  # type: ignore[no-untyped-call]
+
+
+#: ``stack_buffer(like, size)`` in a kernel: a pointer to ``size`` elements of ``like.dtype`` on
+#: the stack (``size`` a literal int); ``numba.carray(stack_buffer(a, 64), (8, 8))`` views it as
+#: an array. The ``alloca`` sits in the function's entry block, so a loop may call this without
+#: growing the stack. numba's stub gives the intrinsic the typing function's parameters, so the
+#: checker is told the signature a kernel calls.
+stack_buffer = cast("Callable[[Any, int], Any]", intrinsic(_stack_buffer))
 
 
 @numba.njit(cache=True, fastmath=FASTMATH, inline="always")
@@ -105,6 +115,25 @@ def scatter_tile(out, scatter, scale, has_scale, e, n, m0, nc, acc, reduce_max):
                 row[j] += c * products[j]
 
 
+@numba.njit(cache=True, fastmath=FASTMATH, inline="always")
+def add_tile(out, scatter, e, n, m0, nc, acc):  # type: ignore[no-untyped-def]
+    """Epilogue: ``out[scatter[e + r], m0 + j] += acc[r, j]`` for ``r < n`` (rows checked)."""
+    for r in range(n):
+        row = out[scatter[e + r], m0 : m0 + nc]
+        products = acc[r, :nc]
+        for j in range(nc):
+            row[j] += products[j]
+
+
+@numba.njit(cache=True, inline="always")
+def store_tile(out, e, n, m0, nc, acc):  # type: ignore[no-untyped-def]
+    """Epilogue: ``out[e + r, m0 + j] = acc[r, j]`` for ``r < n``: the products in plan order."""
+    for r in range(n):
+        row = out[e + r, m0 : m0 + nc]
+        for j in range(nc):
+            row[j] = acc[r, j]
+
+
 @numba.njit(cache=True, inline="always")
 def nan_max(a, b):  # type: ignore[no-untyped-def]
     """``max(a, b)``, NaN if either is NaN (``torch.amax``'s rule; ``a if a > b`` drops NaN)."""
@@ -123,6 +152,50 @@ def load_rows(index, e, n, n_rows, rows):  # type: ignore[no-untyped-def]
         if q < 0 or q >= n_rows:
             ok = False
         rows[r] = q
+    return ok
+
+
+@numba.njit(cache=True, inline="always")
+def consecutive_rows(e, n, rows):  # type: ignore[no-untyped-def]
+    """``rows[r] = e + r`` for ``r < n``, ``e`` after: rows of a buffer gathered in plan order."""
+    for r in range(MR):
+        rows[r] = e + r if r < n else e
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, inline="always")
+def aggregate_rows(x, gather, scale, has_scale, group_ptr, groups, e, n, rows, aggregated):  # type: ignore[no-untyped-def]
+    """``aggregated[r, k] = sum_{p in group groups[e + r]} c[p] * x[gather[p], k]`` for ``r < n``.
+
+    ``c[p]`` is ``scale[p]``, or ``scale[0]`` (one) without a scale; ``rows`` become ``0 .. n - 1``
+    (row 0 repeated after). Returns False if a group's positions or their rows are out of range.
+    """
+    n_in = x.shape[0]
+    K = x.shape[1]
+    n_pairs = gather.shape[0]
+    if has_scale:
+        n_pairs = min(n_pairs, scale.shape[0])
+    ok = True
+    for r in range(MR):
+        rows[r] = r if r < n else 0
+        if r >= n:
+            continue
+        for k in range(K):
+            aggregated[r, k] = 0
+        u = groups[e + r]
+        lo = group_ptr[u]
+        hi = group_ptr[u + 1]
+        if lo < 0 or hi > n_pairs:
+            ok = False
+            continue
+        for p in range(lo, hi):
+            g = gather[p]
+            if g < 0 or g >= n_in:
+                ok = False
+                break
+            c = scale[p] if has_scale else scale[0]
+            for k in range(K):
+                col = np.uint64(k)  # unsigned: no negative-index fix-up
+                aggregated[r, col] += c * x[g, col]
     return ok
 
 
