@@ -44,8 +44,8 @@ BLOCK_K = 16
 BLOCK_M = 16
 
 
-@triton.jit
-def _segment_outer_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _segment_outer_kernel(  # type: ignore[no-untyped-def]
     # pointers: a [Ra, K], a_index [E], b [Rb, M], b_index [E], scale [E], out [S, K, M]
     a_ptr,
     a_index_ptr,
@@ -116,8 +116,8 @@ def _segment_outer_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_m[None, :])
 
 
-@triton.jit
-def _pair_dot_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _pair_dot_kernel(  # type: ignore[no-untyped-def]
     # pointers: a [Ra, K], a_index [E], w [S, K, M], b [Rb, M], b_index [E], out [E]
     a_ptr,
     a_index_ptr,

@@ -36,8 +36,8 @@ BLOCK_E = 32
 BLOCK_K = 32
 
 
-@triton.jit
-def _gather_rows_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _gather_rows_kernel(  # type: ignore[no-untyped-def]
     # pointers: x [N, K], index [E], out [E, K]
     x_ptr,
     index_ptr,

@@ -49,8 +49,8 @@ BLOCK_K = 16
 BLOCK_M = 16
 
 
-@triton.jit
-def tile_product(
+@triton.jit  # type: ignore[untyped-decorator]
+def tile_product(  # type: ignore[no-untyped-def]
     # pointers: a [R, K] and the segment's matrix w_seg [K, M]
     a_ptr,
     rows,  # [BLOCK_E] rows of a (already bounds-checked; masked ones are 0)
@@ -93,8 +93,8 @@ def tile_product(
     return acc
 
 
-@triton.jit
-def _segment_gemm_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _segment_gemm_kernel(  # type: ignore[no-untyped-def]
     # pointers: a [R, K], a_index [E], w [S, K, M], scatter/scale [E], out [N_out or E, M]
     a_ptr,
     a_index_ptr,
