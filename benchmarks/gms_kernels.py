@@ -48,7 +48,7 @@ from fusekit.gms.kernels.cpu.skeleton import dataflow_kernel
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 from fusekit.gms.kernels.reference import gms_aten
 from fusekit.hw import CPUTarget, detect
-from fusekit.report.records import Plot, Summary, run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, shown, write_results
 
 #: What ``fusekit report build`` shows of the results file.
 TITLE = (
@@ -419,8 +419,8 @@ def main() -> None:
         benchmark="gms_kernels",
         title=TITLE,
         meta=run_metadata(target.to_dict()),
-        plots=PLOTS,
-        tables=TABLES,
+        plots=shown(PLOTS, records),
+        tables=shown(TABLES, records),
         records=records,
     )
     print(f"wrote {path}")

@@ -42,7 +42,7 @@ import torch
 from fusekit.data import EntityGraph, entities
 from fusekit.hw import CPUTarget, detect
 from fusekit.nn.rgcn import RGCNConv
-from fusekit.report.records import Plot, Summary, run_metadata, write_results
+from fusekit.report.records import Plot, Summary, run_metadata, shown, write_results
 from fusekit.search.measure import time_call
 
 #: What ``fusekit report build`` shows of the results file.
@@ -202,7 +202,7 @@ def layer_problem(g: EntityGraph, k: int, repeats: int, budget_s: float) -> list
                     "median_s": t,
                     "speedup_over_pyg": times["pyg RGCNConv"] / t,
                     "speedup_over_best_aten": aten / t if aten else None,
-                    "selected": ours._plans._entries[0][2][0].strategy
+                    "selected": ours._plans._entries[-1][3][0].strategy
                     if name == "fusekit RGCNConv" and not featureless
                     else None,
                 }
@@ -402,8 +402,8 @@ def main() -> None:
         title=TITLE,
         meta=run_metadata(target.to_dict()),
         settings={"threads": torch.get_num_threads(), "pyg_lib": False},
-        plots=PLOTS,
-        tables=TABLES,
+        plots=shown(PLOTS, records),
+        tables=shown(TABLES, records),
         records=records,
     )
     if any(r["part"] == "layer" for r in records):

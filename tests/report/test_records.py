@@ -5,7 +5,14 @@ from typer.testing import CliRunner
 
 from fusekit.errors import ConfigError
 from fusekit.report.commands import app
-from fusekit.report.records import Plot, Summary, load_results, run_metadata, write_results
+from fusekit.report.records import (
+    Plot,
+    Summary,
+    load_results,
+    run_metadata,
+    shown,
+    write_results,
+)
 from fusekit.report.results import section_from_results, summary_table
 
 RECORDS = [
@@ -32,6 +39,20 @@ def test_write_and_load_round_trip(tmp_path):
     kinds = [type(b).__name__ for b in section.blocks]
     assert kinds == ["Text", "Figure", "Table", "Table"]
     assert section.title == "bench (bench.json)" and "Ran on" in section.blocks[0].body
+
+
+def test_a_partial_run_keeps_only_the_views_it_has_records_for(tmp_path):
+    plots = [
+        Plot(title="a", x="impl", y="ratio", where={"case": "a"}),
+        Plot(title="c", x="impl", y="ratio", where={"case": "c"}),
+    ]
+    tables = [Summary(title="t", rows=["impl"], values=["ratio"], where={"case": ["b", "c"]})]
+    with pytest.raises(ConfigError, match="selects no record"):
+        _write(tmp_path / "all.json", plots=plots)
+    assert [p.title for p in shown(plots, RECORDS)] == ["a"]
+    assert shown(tables, RECORDS) == tables
+    results = load_results(_write(tmp_path / "part.json", plots=shown(plots, RECORDS)))
+    assert [p.title for p in results.plots] == ["a"]
 
 
 def test_summary_table_groups_and_pivots():

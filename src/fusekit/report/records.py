@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -143,6 +143,10 @@ class Results(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
 
+#: A plot or a table of a results file.
+PlotOrSummary = TypeVar("PlotOrSummary", Plot, Summary)
+
+
 def select(
     records: Sequence[Mapping[str, Any]], where: Mapping[str, Any]
 ) -> list[Mapping[str, Any]]:
@@ -156,6 +160,17 @@ def select(
         return True
 
     return [r for r in records if keep(r)]
+
+
+def shown(
+    views: Sequence[PlotOrSummary], records: Sequence[Mapping[str, Any]]
+) -> list[PlotOrSummary]:
+    """The ``views`` that select some record: what a partial run (``--quick``, ``--parts``) draws.
+
+    A results file refuses a view that selects nothing (a misspelt ``where``), so a script that
+    may leave a study out passes its views through this first.
+    """
+    return [view for view in views if select(records, view.where)]
 
 
 def is_number(value: object) -> bool:
