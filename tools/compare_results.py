@@ -6,11 +6,13 @@ results folders of runs before and after a change (each holding ``<name>.json`` 
 scripts), this prints, per file and ratio column, the after/before quotient of every record found
 in both, and exits 1 when one falls below ``1 - tolerance``::
 
-    python tools/compare_results.py --before before/ --after after/ [--tolerance 0.10] [--json F]
+    python tools/compare_results.py --before before/ --after after/ [--tolerance 0.10] [--out F]
 
 Several folders per side (``--before a b --after c d``) give medians per record: runs on a shared
 machine are noisy, so repeating both sides in one sitting and comparing medians is the fair test.
-Records are matched by every field that is neither a measurement nor a ratio.
+Records are matched by every field that is neither a measurement nor a ratio. ``--out`` writes
+the rows as a results file (``fusekit report build`` renders it): one record per file, record
+and ratio column, with the label of the record, ``before``, ``after`` and ``after_over_before``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
+
 #: Ratio columns: the larger the better (fusekit's speed over a reference).
 RATIOS = ("speedup", "speedup_over_pyg", "speedup_over_best_aten", "speedup_over_best_peer")
+#: ``impl`` prefixes of the references a benchmark times beside fusekit: their ratios say nothing
+#: about a change to fusekit (only about the machine's noise), so they are left out by default.
+PEERS = ("aten", "floor", "pyg", "hf ", "spconv", "torch", "grouped_mm")
 #: Columns that are measurements (they differ run to run), never part of a record's key.
 MEASURED = frozenset(
     {
@@ -40,14 +47,18 @@ def record_key(record: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in record.items() if k not in MEASURED}, sort_keys=True)
 
 
-def ratios(folders: Iterable[Path], name: str) -> dict[tuple[str, str], float]:
-    """Median per (record key, ratio column) of ``name`` over ``folders``."""
+def ratios(
+    folders: Iterable[Path], name: str, peers: tuple[str, ...] = PEERS
+) -> dict[tuple[str, str], float]:
+    """Median per (record key, ratio column) of ``name`` over ``folders``, peers' rows left out."""
     seen: dict[tuple[str, str], list[float]] = {}
     for folder in folders:
         path = folder / name
         if not path.exists():
             continue
         for record in json.loads(path.read_text())["records"]:
+            if str(record.get("impl", "")).startswith(peers):
+                continue
             for column in RATIOS:
                 value = record.get(column)
                 if isinstance(value, int | float) and value > 0:
@@ -55,18 +66,25 @@ def ratios(folders: Iterable[Path], name: str) -> dict[tuple[str, str], float]:
     return {key: statistics.median(values) for key, values in seen.items()}
 
 
-def compare(before: list[Path], after: list[Path], tolerance: float) -> list[dict[str, Any]]:
+def label(record: Mapping[str, Any]) -> str:
+    """A record's identity in one line: its key fields' values, sizes left out."""
+    return " ".join(str(v) for k, v in record.items() if k not in ("pairs", "segments"))
+
+
+def compare(
+    before: list[Path], after: list[Path], tolerance: float, peers: tuple[str, ...] = PEERS
+) -> list[dict[str, Any]]:
     """One row per record and ratio present on both sides: before, after and their quotient."""
     names = sorted({p.name for folder in before for p in folder.glob("*.json")})
     rows = []
     for name in names:
-        old, new = ratios(before, name), ratios(after, name)
+        old, new = ratios(before, name, peers), ratios(after, name, peers)
         for key in sorted(old.keys() & new.keys()):
             quotient = new[key] / old[key]
             rows.append(
                 {
                     "file": name,
-                    "record": json.loads(key[0]),
+                    "record": label(json.loads(key[0])),
                     "ratio": key[1],
                     "before": old[key],
                     "after": new[key],
@@ -83,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", nargs="+", type=Path, required=True)
     parser.add_argument("--after", nargs="+", type=Path, required=True)
     parser.add_argument("--tolerance", type=float, default=0.10)
-    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--peers", action="store_true", help="keep the peers' rows too")
+    parser.add_argument("--out", type=Path, help="write the rows here as a results file")
     args = parser.parse_args(argv)
-    rows = compare(args.before, args.after, args.tolerance)
+    rows = compare(args.before, args.after, args.tolerance, () if args.peers else PEERS)
     for row in rows:
-        label = " ".join(str(v) for k, v in row["record"].items() if k not in ("pairs", "segments"))
         flag = "" if row["ok"] else "  <-- below tolerance"
         print(
-            f"{row['file']:<22} {label[:70]:<70} {row['ratio']:<24} "
+            f"{row['file']:<22} {row['record'][:70]:<70} {row['ratio']:<24} "
             f"{row['before']:7.2f} -> {row['after']:7.2f}  x{row['after_over_before']:.2f}{flag}"
         )
     quotients = [row["after_over_before"] for row in rows]
@@ -100,8 +118,28 @@ def main(argv: list[str] | None = None) -> int:
             f"geometric mean x{statistics.geometric_mean(quotients):.3f}, "
             f"{sum(not row['ok'] for row in rows)} below {1 - args.tolerance:.2f}"
         )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    if args.out:
+        write_results(
+            args.out,
+            benchmark="compare_results",
+            title="Speedups of benchmark runs after a change over the same runs before it "
+            "(medians per record over the runs of each side).",
+            meta=run_metadata(),
+            settings={
+                "before": [str(p) for p in args.before],
+                "after": [str(p) for p in args.after],
+                "tolerance": args.tolerance,
+            },
+            plots=[
+                Plot(title="After over before: median per results file", x="file",
+                     y="after_over_before", ref=1.0)
+            ],
+            tables=[
+                Summary(title="After over before per results file", rows=["file"],
+                        values=["after_over_before", "ok"])
+            ],
+            records=rows,
+        )  # fmt: skip
     return 0 if all(row["ok"] for row in rows) else 1
 
 
