@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import triton
 import triton.language as tl
 
+from fusekit.errors import expected
 from fusekit.gms.kernels.triton.checks import (
     INT32_LIMIT,
     check_grid,
@@ -35,8 +37,6 @@ from fusekit.gms.kernels.triton.checks import (
 from fusekit.gms.kernels.triton.gms_seg import INTERPRETED, tile_product
 
 if TYPE_CHECKING:
-    import torch
-
     from fusekit.gms.planning.layout import GMSPlan
 
 BLOCK_E = 16
@@ -189,8 +189,6 @@ def _pair_dot_kernel(  # type: ignore[no-untyped-def]
 
 def _dot_f32(dtype: torch.dtype) -> bool:
     """Whether ``tl.dot`` gets float32 operands (float32, or bfloat16 under the interpreter)."""
-    import torch
-
     return dtype == torch.float32 or (INTERPRETED and dtype == torch.bfloat16)
 
 
@@ -220,8 +218,6 @@ def segment_outer_triton(
     Raises:
         ValueError: unsupported operands, or a guarded index is out of range.
     """
-    import torch
-
     n = plan.num_pairs
     if b.dtype != a.dtype or a.dim() != 2 or b.dim() != 2:
         raise ValueError(_operand_error(a, b))
@@ -291,8 +287,6 @@ def pair_dot_triton(
     Raises:
         ValueError: unsupported operands, or a guarded index is out of range.
     """
-    import torch
-
     n = plan.num_pairs
     check_operands(a, w, None, n)
     if b.dtype != a.dtype or b.dim() != 2 or b.shape[1] != w.shape[2]:
@@ -336,7 +330,5 @@ def pair_dot_triton(
 
 
 def _operand_error(a: torch.Tensor, b: torch.Tensor) -> str:
-    from fusekit.errors import expected
-
     got = (tuple(a.shape), a.dtype, tuple(b.shape), b.dtype)
     return expected("gms", "a, b", "2-D rows of one dtype, matching the weights", got)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from fusekit.gms.kernels.triton.checks import (
     check_dst_csr,
     check_index,
@@ -31,8 +33,6 @@ from fusekit.gms.kernels.triton.gms_seg import STORE, segment_gemm
 from fusekit.gms.kernels.triton.rows import launch_reduce_rows
 
 if TYPE_CHECKING:
-    import torch
-
     from fusekit.gms.planning.layout import GMSPlan
 
 
@@ -50,8 +50,6 @@ def reduce_by_destination(
     Returns:
         ``Y`` of shape ``[N_out, M]``.
     """
-    import torch
-
     out = torch.empty(plan.n_out, products.shape[1], dtype=dtype, device=products.device)
     return launch_reduce_rows(
         products,
@@ -81,8 +79,6 @@ def segment_products_triton(
     Raises:
         ValueError: unsupported operands, or a guarded tile or row index is out of range.
     """
-    import torch
-
     check_operands(a, w, None, plan.num_pairs)
     check_rows(a_index, plan.num_pairs, a.shape[0], "row index")
     check_tiles(plan, w.shape[0])
@@ -108,8 +104,6 @@ def gm_seg_s_triton(
     Raises:
         ValueError: unsupported operands, or a plan array the kernels read is out of range.
     """
-    import torch
-
     check_operands(x, w, scale, plan.num_pairs)
     check_index(plan, "gather", x.shape[0])
     check_tiles(plan, w.shape[0])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import triton
 import triton.language as tl
 
@@ -35,10 +36,9 @@ from fusekit.gms.kernels.triton.checks import (
     check_tiles,
     empty_rows_to_zero,
 )
+from fusekit.gms.launch import current
 
 if TYPE_CHECKING:
-    import torch
-
     from fusekit.gms.planning.layout import GMSPlan
 
 #: Epilogues of :func:`_segment_gemm_kernel`.
@@ -210,10 +210,6 @@ def segment_gemm(
     Returns:
         ``out``.
     """
-    import torch
-
-    from fusekit.gms.launch import current
-
     tile_segment, tile_start, tile_end = tiles
     n_tiles, m = tile_segment.shape[0], w.shape[2]
     if n_tiles == 0 or m == 0 or out.shape[0] == 0:
@@ -282,8 +278,6 @@ def n_positions(
 
 def scatter_out(plan: GMSPlan, m: int, device: torch.device) -> torch.Tensor:
     """The float32 ``[N_out, M]`` the atomic epilogues accumulate into (``-inf`` for max)."""
-    import torch
-
     fill = float("-inf") if plan.reduce == "max" else 0.0
     return torch.full((plan.n_out, m), fill, dtype=torch.float32, device=device)
 
