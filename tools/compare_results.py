@@ -10,6 +10,9 @@ in both, and exits 1 when one falls below ``1 - tolerance``::
 
 Several folders per side (``--before a b --after c d``) give medians per record: runs on a shared
 machine are noisy, so repeating both sides in one sitting and comparing medians is the fair test.
+``--times`` compares fusekit's own ``median_s`` instead (column ``speed``, before over after, so
+larger is faster): the ratios' peer denominators move with the machine's noise, fusekit's own
+time moves only with fusekit.
 Records are matched by every field that is neither a measurement nor a ratio. ``--out`` writes
 the rows as a results file (``fusekit report build`` renders it): one record per file, record
 and ratio column, with the label of the record, ``before``, ``after`` and ``after_over_before``.
@@ -47,10 +50,17 @@ def record_key(record: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in record.items() if k not in MEASURED}, sort_keys=True)
 
 
+#: The column ``--times`` reads: a duration, so after/before is inverted into a speed.
+TIME = "median_s"
+
+
 def ratios(
-    folders: Iterable[Path], name: str, peers: tuple[str, ...] = PEERS
+    folders: Iterable[Path],
+    name: str,
+    peers: tuple[str, ...] = PEERS,
+    columns: tuple[str, ...] = RATIOS,
 ) -> dict[tuple[str, str], float]:
-    """Median per (record key, ratio column) of ``name`` over ``folders``, peers' rows left out."""
+    """Median per (record key, column) of ``name`` over ``folders``, peers' rows left out."""
     seen: dict[tuple[str, str], list[float]] = {}
     for folder in folders:
         path = folder / name
@@ -59,7 +69,7 @@ def ratios(
         for record in json.loads(path.read_text())["records"]:
             if str(record.get("impl", "")).startswith(peers):
                 continue
-            for column in RATIOS:
+            for column in columns:
                 value = record.get(column)
                 if isinstance(value, int | float) and value > 0:
                     seen.setdefault((record_key(record), column), []).append(float(value))
@@ -72,20 +82,30 @@ def label(record: Mapping[str, Any]) -> str:
 
 
 def compare(
-    before: list[Path], after: list[Path], tolerance: float, peers: tuple[str, ...] = PEERS
+    before: list[Path],
+    after: list[Path],
+    tolerance: float,
+    peers: tuple[str, ...] = PEERS,
+    times: bool = False,
 ) -> list[dict[str, Any]]:
-    """One row per record and ratio present on both sides: before, after and their quotient."""
+    """One row per record and ratio present on both sides: before, after and their quotient.
+
+    With ``times``, the column is fusekit's ``median_s`` and the quotient is
+    ``before / after`` (a speed: above 1 is faster after the change).
+    """
     names = sorted({p.name for folder in before for p in folder.glob("*.json")})
+    columns = (TIME,) if times else RATIOS
     rows = []
     for name in names:
-        old, new = ratios(before, name, peers), ratios(after, name, peers)
+        old = ratios(before, name, peers, columns)
+        new = ratios(after, name, peers, columns)
         for key in sorted(old.keys() & new.keys()):
-            quotient = new[key] / old[key]
+            quotient = old[key] / new[key] if times else new[key] / old[key]
             rows.append(
                 {
                     "file": name,
                     "record": label(json.loads(key[0])),
-                    "ratio": key[1],
+                    "ratio": "speed" if times else key[1],
                     "before": old[key],
                     "after": new[key],
                     "after_over_before": quotient,
@@ -102,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", nargs="+", type=Path, required=True)
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--peers", action="store_true", help="keep the peers' rows too")
+    parser.add_argument(
+        "--times", action="store_true", help="compare fusekit's own median_s, not the ratios"
+    )
     parser.add_argument("--out", type=Path, help="write the rows here as a results file")
     args = parser.parse_args(argv)
-    rows = compare(args.before, args.after, args.tolerance, () if args.peers else PEERS)
+    rows = compare(args.before, args.after, args.tolerance, () if args.peers else PEERS, args.times)
     for row in rows:
         flag = "" if row["ok"] else "  <-- below tolerance"
         print(
@@ -122,13 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         write_results(
             args.out,
             benchmark="compare_results",
-            title="Speedups of benchmark runs after a change over the same runs before it "
-            "(medians per record over the runs of each side).",
+            title=(
+                "Speed of fusekit after a change over before it (median_s before / after)"
+                if args.times
+                else "Speedups of benchmark runs after a change over the same runs before it"
+            )
+            + " (medians per record over the runs of each side).",
             meta=run_metadata(),
             settings={
                 "before": [str(p) for p in args.before],
                 "after": [str(p) for p in args.after],
                 "tolerance": args.tolerance,
+                "compared": TIME if args.times else "ratios",
             },
             plots=[
                 Plot(title="After over before: median per results file", x="file",
