@@ -18,8 +18,9 @@ norms can sit between:
 
 .. code-block:: text
 
-    expert_mm:       dW[e] = rows_e^T dH_e     drows = dH @ W[e]^T     dx = scatter_add(token, drows)
-    expert_combine:  dZ[token_pos[p]] = c[p] dy[t]                     dc[p] = <dy[t], Z[token_pos[p]]>
+    expert_mm:       dW[e] = rows_e^T dH_e         drows = dH @ W[e]^T
+                     dx = scatter_add(token, drows)
+    expert_combine:  dZ[token_pos[p]] = c[p] dy[t]  dc[p] = <dy[t], Z[token_pos[p]]>
 
 :func:`swiglu_experts_infer` is the inference fast path for the common variant (SwiGLU
 ``silu(G) * U`` on ``[gate | up]`` columns, no biases): the one-call numba decode kernel
@@ -184,10 +185,10 @@ def expert_mm(
     segment_ptr: torch.Tensor,
     token: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``H[q] = x[token[q]] @ w[e]`` for the positions ``q`` of each expert ``e`` (an op).
+    r"""``H[q] = x[token[q]] @ w[e]`` for the positions ``q`` of each expert ``e`` (an op).
 
-    .. math:: H_q = x_{\\mathrm{token}_q} W_{e(q)}, \\qquad
-        e(q) = e \\iff \\mathrm{segment\\_ptr}_e \\le q < \\mathrm{segment\\_ptr}_{e+1}
+    .. math:: H_q = x_{\mathrm{token}_q} W_{e(q)}, \qquad
+        e(q) = e \iff \mathrm{segment\_ptr}_e \le q < \mathrm{segment\_ptr}_{e+1}
 
     Args:
         x: ``[T, K]`` rows (or ``[P, K]`` already sorted by expert when ``token`` is None).
@@ -282,10 +283,11 @@ _expert_combine_op.register_autograd(_expert_combine_backward, setup_context=_ex
 
 
 def expert_combine(z: torch.Tensor, weights: torch.Tensor, token_pos: torch.Tensor) -> torch.Tensor:
-    """``y[t] = sum_j weights[t, j] * z[token_pos[t k + j]]`` (``torch.ops.fusekit.expert_combine``).
+    """``y[t] = sum_j weights[t, j] * z[token_pos[t k + j]]`` (an op).
 
-    The products and the sum are in ``promote(z, weights)`` (float32 routing weights on half
-    rows stay float32, as Hugging Face's ``grouped_mm`` does), the result in ``z``'s dtype.
+    ``torch.ops.fusekit.expert_combine``: the products and the sum are in
+    ``promote(z, weights)`` (float32 routing weights on half rows stay float32, as Hugging
+    Face's ``grouped_mm`` does), the result in ``z``'s dtype.
 
     Args:
         z: ``[P, hidden]`` expert outputs sorted by expert.
@@ -336,7 +338,7 @@ def release_weight_cache() -> None:
 
 
 def swiglu_infer_applies(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
-    """Whether :func:`swiglu_experts_infer` takes these operands (CPU float32/float64, one dtype)."""
+    """Whether :func:`swiglu_experts_infer` takes these operands (CPU float32/64, one dtype)."""
     return runs_on_cpu_kernels(x) and x.dtype == w_gate_up.dtype == w_down.dtype
 
 
@@ -407,5 +409,7 @@ def swiglu_experts_infer(
     Raises:
         TypeError, ValueError: operands that disagree (:func:`fusekit.gms.check_routing`).
     """
-    out: torch.Tensor = torch.ops.fusekit.swiglu_experts_infer(x, experts, weights, w_gate_up, w_down)
+    out: torch.Tensor = torch.ops.fusekit.swiglu_experts_infer(
+        x, experts, weights, w_gate_up, w_down
+    )
     return out

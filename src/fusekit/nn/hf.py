@@ -60,6 +60,9 @@ from fusekit.gms.experts_ops import (
 
 _hf_moe: Any = require("transformers.integrations.moe", "fusekit.nn.hf", "peers")
 
+#: HF's ``[gate | up]`` SwiGLU gate, which the decorator gives classes without their own.
+_DEFAULT_GATE = getattr(_hf_moe, "_default_apply_gate", None)
+
 #: The name the implementation is registered under.
 IMPLEMENTATION = "fusekit"
 
@@ -135,8 +138,8 @@ def experts_variant(experts: nn.Module) -> ExpertsVariant:
             f"weights '{up_name}' {list(up.shape)} and 'down_proj' {list(down.shape)} "
             f"(is_transposed={transposed}) that do not chain",
         )
-    default_gate = getattr(type(mod), "_apply_gate", None) is getattr(
-        _hf_moe, "_default_apply_gate", object()
+    default_gate = _DEFAULT_GATE is not None and getattr(type(mod), "_apply_gate", None) is (
+        _DEFAULT_GATE
     )
     plain = (
         has_gate
@@ -184,10 +187,7 @@ def fusekit_experts_forward(
         w_up, w_down = w_up.transpose(1, 2), w_down.transpose(1, 2)
     x = hidden_states.to(w_up.dtype)
     grad = torch.is_grad_enabled() and (
-        x.requires_grad
-        or w_up.requires_grad
-        or w_down.requires_grad
-        or top_k_weights.requires_grad
+        x.requires_grad or w_up.requires_grad or w_down.requires_grad or top_k_weights.requires_grad
     )
     if variant.plain_swiglu and not grad and swiglu_infer_applies(x, w_up, w_down):
         y = swiglu_experts_infer(x, top_k_index, top_k_weights, w_up, w_down)
