@@ -22,7 +22,7 @@ from fusekit.gms.experts_ops import (  # noqa: E402
     release_weight_cache,
     swiglu_experts_infer,
 )
-from fusekit.nn.hf import UnsupportedExperts, experts_variant  # noqa: E402
+from fusekit.nn.hf import UnsupportedExperts, experts_variant, use_fusekit_experts  # noqa: E402
 
 _COMMON = {
     "hidden_size": 32,
@@ -456,3 +456,21 @@ def test_compile_inductor_decode_equals_eager() -> None:
     with torch.no_grad():
         out = torch.compile(block, fullgraph=True)(x)  # inductor
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+def test_use_fusekit_experts_on_a_bare_container_of_blocks() -> None:
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = _config("mixtral")
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    blocks = nn.Sequential(MixtralSparseMoeBlock(config), MixtralSparseMoeBlock(config))
+    for p in blocks.parameters():  # torch.empty outside a model's init
+        nn.init.normal_(p, std=0.1)
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        ref = blocks(x)
+    assert use_fusekit_experts(blocks) == 2
+    assert config._experts_implementation == "fusekit"
+    with torch.no_grad():
+        torch.testing.assert_close(blocks(x), ref, atol=1e-6, rtol=0)

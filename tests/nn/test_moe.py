@@ -9,7 +9,8 @@ import torch
 
 from fusekit.data.tokens import ROUTINGS, expert_load, moe_batch
 from fusekit.gms.experts import swiglu_backward, swiglu_backward_reference
-from fusekit.nn.moe import MoE, from_mixtral, swap_mixtral_moe
+from fusekit.nn import swap_mixtral_moe
+from fusekit.nn.moe import MoE, from_mixtral
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,16 +50,21 @@ def test_equals_mixtral_block(strategy, experts, top_k):
     torch.testing.assert_close(moe(x), block(x), rtol=1e-5, atol=1e-6)
 
 
-def test_swap_in_a_mixtral_model_keeps_the_logits():
+def test_swap_in_a_mixtral_model_keeps_the_logits_and_the_modules():
     from transformers import MixtralForCausalLM
 
     torch.manual_seed(0)
     model = MixtralForCausalLM(_config()).eval()
     ids = torch.randint(0, 50, (2, 7))
     before = model(ids).logits
+    state = model.state_dict()
     assert swap_mixtral_moe(model) == 2
-    assert sum(isinstance(m, MoE) for m in model.modules()) == 2
+    assert model.config._experts_implementation == "fusekit"
+    assert not any(isinstance(m, MoE) for m in model.modules())  # HF's blocks stay
+    assert model.state_dict().keys() == state.keys()
     torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'strategy' to be 'auto'"):
+        swap_mixtral_moe(model, "G-Mseg-S")
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 40, 120])  # 120: experts past the skinny rows

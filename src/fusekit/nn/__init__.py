@@ -14,7 +14,10 @@ from fusekit.lazy import lazy_getattr
 _WHERE = {
     "MoE": "moe",
     "from_mixtral": "moe",
-    "swap_mixtral_moe": "moe",
+    "swap_mixtral_moe": "hf",
+    "use_fusekit_experts": "hf",
+    "UnsupportedExperts": "hf",
+    "fusekit_experts_forward": "hf",
     "RGCNConv": "rgcn",
     "SparseConv3d": "conv",
     "SparseTensor": "conv",

@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from fusekit.errors import FusekitError, require
+from fusekit.errors import FusekitError, expected, require
 from fusekit.gms.experts_ops import (
     expert_combine,
     expert_mm,
@@ -203,6 +203,57 @@ def fusekit_experts_forward(
     if variant.has_post_expert_norm:
         z = mod.post_expert_norm(z)
     return expert_combine(z, top_k_weights, token_pos).to(hidden_states.dtype)
+
+
+def is_hf_experts(module: nn.Module) -> bool:
+    """Whether ``module`` is an HF experts module (a class under ``use_experts_implementation``)."""
+    return all(hasattr(module, a) for a in ("config", "has_gate", "is_transposed", "down_proj"))
+
+
+def use_fusekit_experts(model: nn.Module) -> int:
+    """Run the experts of ``model`` (an HF model, or any module holding HF MoE blocks) on gms.
+
+    Calls ``model.set_experts_implementation("fusekit")`` where the model has it, else sets
+    ``"fusekit"`` on the config of each experts module. Modules and parameters are untouched.
+
+    Args:
+        model: the model.
+
+    Returns:
+        The number of experts modules (one per MoE block) that now run ``"fusekit"``.
+    """
+    setter = getattr(model, "set_experts_implementation", None)
+    if callable(setter):
+        setter(IMPLEMENTATION)
+    experts = [m for m in model.modules() if is_hf_experts(m)]
+    for m in experts:
+        config: Any = getattr(m, "config")  # noqa: B009 - an attribute HF's decorator sets
+        if config._experts_implementation != IMPLEMENTATION:
+            config._experts_implementation = IMPLEMENTATION
+    return len(experts)
+
+
+def swap_mixtral_moe(model: nn.Module, strategy: str = "auto") -> int:
+    """:func:`use_fusekit_experts` under its former name (it no longer replaces modules).
+
+    It used to replace every ``MixtralSparseMoeBlock`` by a :class:`fusekit.nn.MoE`, which changed
+    the state_dict; now HF's blocks stay and run the ``"fusekit"`` experts implementation, for
+    every MoE family, not only Mixtral.
+
+    Args:
+        model: the model.
+        strategy: ``"auto"`` (the only one: the expert half is routed anew each call, so there
+            is no gms plan to choose a strategy for).
+
+    Returns:
+        The number of MoE blocks that now run on gms.
+
+    Raises:
+        ValueError: another ``strategy``.
+    """
+    if strategy != "auto":
+        raise ValueError(expected("swap_mixtral_moe", "strategy", "'auto'", repr(strategy)))
+    return use_fusekit_experts(model)
 
 
 def register() -> None:

@@ -18,7 +18,9 @@ pair ``p = t k + j`` per routed (token, expert):
    scale ``c = pi``, sum reduce: one g-mm-s over ``[E, ffn, hidden]``.
 
 Weights are stored in the g-mm-s layout (``[E, K, M]``, input-major), the transpose of HF's
-``nn.Linear`` layout; :func:`from_mixtral` and :func:`swap_mixtral_moe` convert once.
+``nn.Linear`` layout; :func:`from_mixtral` converts once. To run an HF model's own MoE blocks on
+gms without replacing them (same state_dict), set its experts implementation to ``"fusekit"``
+(:mod:`fusekit.nn.hf`).
 
 Routing changes every call, so planning must cost next to nothing, and ``strategy="auto"``
 does not ask the gms selector (which ranks configurations of planned problems): the block runs
@@ -242,19 +244,3 @@ def from_mixtral(block: nn.Module, strategy: str = "auto") -> MoE:
         moe.w_gate_up.copy_(gate_up.transpose(1, 2))
         moe.w_down.copy_(down.transpose(1, 2))
     return moe.to(router.device)
-
-
-def swap_mixtral_moe(model: nn.Module, strategy: str = "auto") -> int:
-    """Replace every ``MixtralSparseMoeBlock`` inside ``model`` by an equal :class:`MoE`.
-
-    Returns:
-        The number of blocks replaced.
-    """
-    swapped = 0
-    for name, child in list(model.named_children()):
-        if type(child).__name__ == "MixtralSparseMoeBlock":
-            setattr(model, name, from_mixtral(child, strategy))
-            swapped += 1
-        else:
-            swapped += swap_mixtral_moe(child, strategy)
-    return swapped
