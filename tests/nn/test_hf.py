@@ -190,6 +190,17 @@ def test_save_and_load_keep_fusekit(family: str, tmp_path) -> None:  # type: ign
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_bfloat16_equals_grouped_mm(family: str) -> None:
+    # both weight each expert's bfloat16 rows by float32 routing weights and sum in float32
+    model = _model(family).to(torch.bfloat16)
+    ids = _ids()
+    with torch.no_grad():
+        ref = _run(model, "grouped_mm", ids).logits
+        out = _run(model, "fusekit", ids).logits
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("act", ["gelu", "relu"])
 def test_other_activations_equal_eager(act: str) -> None:
     model = _model("mixtral", hidden_act=act)
@@ -474,3 +485,40 @@ def test_use_fusekit_experts_on_a_bare_container_of_blocks() -> None:
     assert config._experts_implementation == "fusekit"
     with torch.no_grad():
         torch.testing.assert_close(blocks(x), ref, atol=1e-6, rtol=0)
+
+
+def test_hf_model_tests_tool_makes_fusekit_the_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # tools/hf_model_tests.py runs transformers' own tests; here on a stand-in checkout
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_default.py").write_text(
+        "import transformers\n"
+        "def _model(**kw):\n"
+        "    config = transformers.MixtralConfig(hidden_size=16, intermediate_size=8,\n"
+        "        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,\n"
+        "        vocab_size=20, num_local_experts=4, **kw)\n"
+        "    return transformers.MixtralForCausalLM(config)\n"
+        "def test_default():\n"
+        "    assert _model().config._experts_implementation == 'fusekit'\n"
+        "def test_explicit():\n"
+        "    model = _model(experts_implementation='eager')\n"
+        "    assert model.config._experts_implementation == 'eager'\n"
+        "def test_fails():\n"
+        "    assert _model().config._experts_implementation == 'grouped_mm'\n"
+    )
+    env = os.environ | {"PYTHONPATH": str(root / "src")}
+    done = subprocess.run(
+        [sys.executable, str(root / "tools" / "hf_model_tests.py"), str(tmp_path), "tests"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == "fusekit experts default: 2 passed, 1 failed, 0 skipped, 0 errors", done.stdout
+    assert done.returncode == 1
