@@ -20,7 +20,9 @@ _WHERE = {
     "fusekit_experts_forward": "hf",
     "RGCNConv": "rgcn",
     "SparseConv3d": "conv",
-    "SparseTensor": "conv",
+    "SparseConvTranspose3d": "conv",
+    "SparseInverseConv3d": "conv",
+    "SparseTensor": "sparse_tensor",
     "SubMConv3d": "conv",
     "conv_reference": "conv",
 }

@@ -1,16 +1,17 @@
 r"""Kernel maps of 3-D sparse convolution: which input voxel feeds which output voxel, per offset.
 
-For a kernel of size 3, stride ``s`` and padding ``p`` (per axis), output voxel ``o`` reads input
-voxel ``i`` through kernel offset ``k = (kz, ky, kx)`` when
+For a kernel of size ``K``, stride ``s``, padding ``p`` and dilation ``d`` (per axis), output
+voxel ``o`` reads input voxel ``i`` through kernel offset ``r = (r_z, r_y, r_x)`` when
 
 .. math::
 
-    c_i = s \, c_o - p + k \qquad (k \in \{0, 1, 2\}^3,\ \text{index } 9 k_z + 3 k_y + k_x)
+    c_i = s \, c_o - p + d\, r \qquad (\text{index } (r_z K_y + r_y) K_x + r_x)
 
-in the same batch, which is spconv's convention (``weight[:, kz, ky, kx, :]`` is offset
-``9 kz + 3 ky + kx``). Submanifold maps have outputs on the inputs, ``s = 1`` and ``p = 1``.
-A strided map's outputs are every ``o`` inside the output shape
-``floor((S + 2p - 3) / s) + 1`` that some input reaches, sorted by ``(b, z, y, x)``.
+in the same batch, which is spconv's convention (``weight[:, rz, ry, rx, :]`` is that offset).
+Submanifold maps have outputs on the inputs, ``s = 1`` and ``p = (K // 2) d``; transposed maps
+swap the roles (:math:`c_o = s\, c_i - p + d\, r`); :mod:`~fusekit.gms.kmap.geometry` has them
+all. A strided map's outputs are every ``o`` inside the output shape that some input reaches,
+sorted by ``(b, z, y, x)``.
 
 The map is a :class:`fusekit.gms.GMSProblem`: gather ``g = i``, segment ``s = k``, scatter
 ``d = o``, pairs sorted by (segment, output row), the order the gms plan wants.
@@ -23,8 +24,9 @@ Pipeline (each a module of this package):
   gms selector chooses the configuration (:meth:`Hits.features`) before any pair is written;
 * ``pairs``: pass 2 (numba), :meth:`Hits.plan` / :meth:`Hits.kernel_map`: every pair written
   once, straight into the chosen packed gms plan or into a :class:`KernelMap`;
-* ``reference``: :func:`build_reference`, plain torch on any device (also the GPU path);
-* ``builder``: :func:`build`, pass 1 and pass 2 on the CPU, the reference elsewhere;
+* ``general``: :func:`build_general`, numba for every other geometry (hash of keys, two passes);
+* ``reference``: :func:`build_reference`, plain torch on any device and geometry (the GPU path);
+* ``builder``: :func:`build`, the numba builders on the CPU, the reference elsewhere;
 * ``plan``: :func:`plan_kernel_map` and :func:`features_of` of a built map, in O(E).
 
 Importing this package imports neither torch nor numba; the names below load on first use.
@@ -40,12 +42,17 @@ _WHERE = {
     "MAX_AXIS": "grid",
     "MAX_CELLS": "grid",
     "MAX_VOXELS": "grid",
+    "Geometry": "geometry",
     "Hits": "pairs",
     "KernelMap": "kernel_map",
     "build": "builder",
+    "build_general": "general",
+    "build_of": "builder",
     "build_reference": "reference",
+    "build_reference_of": "reference",
     "check_grid": "grid",
     "check_indices": "grid",
+    "check_geometry_grid": "grid",
     "check_output_grid": "grid",
     "features_of": "plan",
     "find_hits": "hits",

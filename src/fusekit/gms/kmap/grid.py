@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fusekit.errors import expected
+from fusekit.gms.kmap.geometry import Geometry
 
 #: Largest size of one axis of the grid, batches included (coordinates are int32).
 MAX_AXIS = 2**31
@@ -144,6 +145,31 @@ def check_output_grid(
             )
         )
     return out, s, p
+
+
+def check_geometry_grid(
+    shape: tuple[int, int, int], batch_size: int, geometry: Geometry, where: str = "sparse conv"
+) -> tuple[int, int, int]:
+    """The output grid of ``geometry`` on the checked grid ``shape``, after the module's checks.
+
+    Raises:
+        ValueError: an output axis of no voxel, or an output grid of ``2^63`` cells or more
+            (naming ``padding``, the argument that usually makes it).
+    """
+    out = geometry.output_shape(shape)
+    cells = batch_size * out[0] * out[1] * out[2]
+    if min(out) < 1 or max(out) > MAX_AXIS or cells >= MAX_CELLS:
+        raise ValueError(
+            expected(
+                where,
+                "padding",
+                f"an output grid of {shape} with sizes in [1, {MAX_AXIS}] and fewer than 2**63 "
+                f"cells with batch_size {batch_size} (kernel_size {geometry.kernel_size}, "
+                f"stride {geometry.stride}, dilation {geometry.dilation})",
+                f"padding {geometry.padding}: output {out}",
+            )
+        )
+    return out
 
 
 def duplicate_message(coords: np.ndarray | torch.Tensor, row: int) -> str:

@@ -19,7 +19,6 @@ import torch
 from fusekit.errors import expected
 from fusekit.gms.features import Features, features_of_counts
 from fusekit.gms.kmap.kernel_map import KernelMap
-from fusekit.gms.kmap.primitives import KERNEL_VOLUME
 from fusekit.gms.planning.build import TILE_ROWS, default_blocks, plan_sorted
 from fusekit.gms.planning.format import SCHEDULES
 from fusekit.gms.planning.layout import GMSPlan, OrderPlan, pack
@@ -62,7 +61,7 @@ def plan_kernel_map(
         raise ValueError(expected("plan_kernel_map", "schedule", "pad or pack", repr(schedule)))
     plan_pairs = partial(
         plan_sorted,
-        num_segments=KERNEL_VOLUME,
+        num_segments=kmap.num_segments,
         tile_rows=tile_rows,
         blocks=blocks,
         schedule=schedule,
