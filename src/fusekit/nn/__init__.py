@@ -22,9 +22,12 @@ _WHERE = {
     "SparseConv3d": "conv",
     "SparseConvTranspose3d": "conv",
     "SparseInverseConv3d": "conv",
+    "SparseModule": "sparse_tensor",
+    "SparseSequential": "sequential",
     "SparseTensor": "sparse_tensor",
     "SubMConv3d": "conv",
     "conv_reference": "conv",
+    "from_spconv": "convert",
 }
 
 __all__ = sorted(_WHERE)

@@ -49,7 +49,7 @@ from fusekit.gms.kmap.geometry import Geometry
 from fusekit.gms.launch import launch
 from fusekit.nn.conv_map import KERNEL_MAP, ConvMap, build_map, choose, constraints_for
 from fusekit.nn.engine import fingerprint, needs_grad
-from fusekit.nn.sparse_tensor import SparseTensor, as_sparse_tensor
+from fusekit.nn.sparse_tensor import SparseModule, SparseTensor, as_sparse_tensor
 
 __all__ = [
     "KERNEL_MAP",
@@ -86,7 +86,7 @@ def conv_reference(
     return y + bias if bias is not None else y
 
 
-class _SparseConv(torch.nn.Module):
+class _SparseConv(SparseModule):
     """What the four layers share: spconv's parameters, the map cache and the gms call."""
 
     subm: bool = False

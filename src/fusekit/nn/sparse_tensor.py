@@ -161,6 +161,15 @@ class SparseTensor:
         )
 
 
+class SparseModule(torch.nn.Module):
+    """A module whose forward takes a :class:`SparseTensor` (spconv's ``SparseModule``).
+
+    :class:`fusekit.nn.SparseSequential` passes such modules the tensor itself, and every other
+    module the features alone. The sparse convolutions are ones; subclass it for a block of
+    your own (a residual block, say).
+    """
+
+
 def is_spconv_tensor(x: Any) -> bool:
     """Whether ``x`` is spconv's ``SparseConvTensor`` (checked without importing spconv)."""
     kind = type(x)
