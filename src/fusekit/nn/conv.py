@@ -32,6 +32,11 @@ cached map is used only while its indices hold what they held when it was built:
 compares their :func:`fusekit.nn.engine.fingerprint`, so an in-place edit, even one the version
 counter misses (through ``.data`` or a numpy array sharing the memory), builds the map again.
 float16 features compute in float32 and are rounded back (spconv's CPU layers run float16).
+
+A 1x1x1 kernel of stride 1 is spconv's ``conv1x1``: one GEMM on the same voxels, which spconv
+2.3.8 runs as ``x @ weight.view(in, out)`` (the ``[out, 1, 1, 1, in]`` memory read as
+``[in, out]``, not transposed: spconv issue #450). The layers do the same, so that spconv
+checkpoints give spconv's outputs; its padding must be 0, as spconv asserts.
 """
 
 from __future__ import annotations
@@ -125,6 +130,8 @@ class _SparseConv(SparseModule):
         self.out_channels = out_channels
         self.kernel_size = self.geometry.kernel_size
         g = self.geometry
+        if self.pointwise and not self.subm and g.padding != (0, 0, 0):
+            raise ValueError(expected(name, "padding", "0 for a 1x1x1 kernel of stride 1", padding))
         # spconv keeps the arguments a submanifold layer ignores; its maps use s = 1, p = (K//2) d
         self.stride = (1, 1, 1) if self.subm else g.stride
         self.padding = g.padding if not self.subm else Geometry.create(padding=padding).padding
@@ -135,6 +142,11 @@ class _SparseConv(SparseModule):
         self.weight = torch.nn.Parameter(torch.empty(shape, **factory))
         self.bias = torch.nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
         self.reset_parameters()
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1x1 kernel of stride 1: spconv's ``conv1x1``, one GEMM on the same voxels."""
+        return self.geometry.volume == 1 and self.geometry.stride == (1, 1, 1)
 
     def reset_parameters(self) -> None:
         """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, ``fan_in = V in_channels`` (spconv's)."""
@@ -230,6 +242,10 @@ class _SparseConv(SparseModule):
                     name, "x.features", f"{self.weight.dtype} like the weight", x.features.dtype
                 )
             )
+        if self.pointwise:  # spconv's conv1x1: no kernel map, the voxels unchanged
+            y = x.features @ self.weight.reshape(self.in_channels, self.out_channels)
+            y = y + self.bias if self.bias is not None else y
+            return SparseTensor._trusted(y, x.indices, x.spatial_shape, x.batch_size, x.maps)
         entry, forward = self._entry(x)
         y = self._run(entry, x.features)
         if forward is not None:  # an inverse convolution: the forward layer's inputs
