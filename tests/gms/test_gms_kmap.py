@@ -340,3 +340,149 @@ def test_pad_tiles_equal_reference():
             assert ref.keys() == got.keys()
             for name, value in ref.items():
                 assert torch.equal(got[name], value), (name, segments, blocks, tile_rows)
+
+
+# ---- every geometry: kernel sizes 1-7, dilation, transposed (kmap.general, kmap.reference) ----
+
+GEOMETRIES = [  # kernel_size, stride, padding, dilation, subm, transposed
+    (2, 1, 0, 1, False, False),
+    (2, 2, 0, 1, False, False),
+    ((3, 1, 1), (2, 1, 1), 0, 1, False, False),
+    (3, 1, 2, 2, False, False),
+    (3, 1, 1, 3, False, False),
+    (7, 3, 2, 1, False, False),
+    ((1, 4, 2), (1, 2, 3), (0, 1, 2), (2, 1, 1), False, False),
+    (5, 1, 0, 1, True, False),
+    (3, 1, 0, 2, True, False),
+    ((1, 3, 5), 1, 0, (1, 2, 3), True, False),
+    (7, 1, 0, 1, True, False),
+    (2, 2, 0, 1, False, True),
+    (3, 3, 1, 1, False, True),
+    (3, 1, 2, 3, False, True),
+    (1, 1, 0, 1, False, False),
+]
+
+
+def spconv_geometry_triples(idx, geometry) -> set:
+    """spconv's ``get_indice_pairs`` of any geometry as (offset, input, output voxel) triples."""
+    spconv = pytest.importorskip("spconv.pytorch")
+    from spconv.pytorch import ops
+
+    g = geometry
+    out, pairs, num = ops.get_indice_pairs(
+        idx,
+        2,
+        list(SHAPE),
+        spconv.ConvAlgo.Native,
+        list(g.kernel_size),
+        list(g.stride),
+        list(g.padding),
+        list(g.dilation),
+        [0] * 3,
+        g.subm,
+        g.transposed,
+    )
+    out, v, found = out.tolist(), g.volume, set()
+    for k in range(v):
+        if g.subm and k == v // 2:  # the centre: the identity
+            found |= {(k, i, tuple(out[i])) for i in range(len(out))}
+            continue
+        n = int(num[k]) if not g.subm or k < v // 2 else int(num[v - 1 - k])
+        ins, outs = pairs[0, k, :n].tolist(), pairs[1, k, :n].tolist()
+        found |= {(k, i, tuple(out[o])) for i, o in zip(ins, outs, strict=True)}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "dilation", "subm", "transposed"), GEOMETRIES
+)
+def test_every_geometry_numba_equals_reference_and_spconv(
+    kernel, stride, padding, dilation, subm, transposed
+):
+    g = km.Geometry.create(kernel, stride, padding, dilation, subm, transposed)
+    idx = voxels()
+    fast = km.build(
+        idx,
+        SHAPE,
+        2,
+        stride,
+        padding,
+        subm,
+        kernel_size=kernel,
+        dilation=dilation,
+        transposed=transposed,
+    )
+    ref = km.build_reference(
+        idx,
+        SHAPE,
+        2,
+        stride,
+        padding,
+        subm,
+        kernel_size=kernel,
+        dilation=dilation,
+        transposed=transposed,
+    )
+    for name in ("gather", "segment", "scatter", "offset_ptr", "out_coords"):
+        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+    assert fast.out_shape == ref.out_shape == g.output_shape(SHAPE)
+    assert fast.num_segments == g.volume
+    assert triples(fast) == spconv_geometry_triples(idx, g)
+    # the plan of a map of V offsets, against gms's own plan of the same pairs
+    planned = km.plan_kernel_map(fast, 16, 3, "pad")
+    expected = plan(fast.problem(), tile_rows=16, blocks=3, orders=False)
+    assert torch.equal(planned.packed, expected.packed)
+
+
+def test_general_builder_on_the_classic_geometry_equals_the_row_merge_builder():
+    idx = voxels()
+    for subm, stride, padding in ((True, 1, 1), (False, 2, 1), (False, (2, 1, 2), (0, 1, 2))):
+        g = km.Geometry.create(3, stride, padding, 1, subm)
+        classic = km.find_hits(idx, SHAPE, 2, g.stride, g.padding, subm).kernel_map()
+        general = km.build_general(idx, SHAPE, 2, g)
+        for name in ("gather", "segment", "scatter", "offset_ptr", "out_coords"):
+            assert torch.equal(getattr(general, name), getattr(classic, name)), name
+
+
+def test_inverse_map_is_the_forward_read_backwards():
+    idx = voxels()
+    forward = km.build(idx, SHAPE, 2, 2, 1, False, kernel_size=(3, 1, 2))
+    inverse = forward.inverse(idx, SHAPE)
+    assert inverse.n_in == forward.n_out and inverse.n_out == len(idx)
+    assert torch.equal(inverse.out_coords, idx) and inverse.out_shape == SHAPE
+    back = set(
+        zip(
+            inverse.segment.tolist(), inverse.scatter.tolist(), inverse.gather.tolist(), strict=True
+        )
+    )
+    assert back == set(
+        zip(
+            forward.segment.tolist(), forward.gather.tolist(), forward.scatter.tolist(), strict=True
+        )
+    )
+    key = inverse.segment * (inverse.n_out + 1) + inverse.scatter  # plan order again
+    assert bool((key[1:] > key[:-1]).all())
+
+
+def test_duplicates_raise_in_the_general_builder():
+    dup = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 2], [0, 1, 1, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="repeated"):
+        km.build(dup, SHAPE, 1, kernel_size=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"kernel_size": 0}, "kernel_size"),
+        ({"kernel_size": 8}, "kernel_size"),
+        ({"kernel_size": (3, 3)}, "kernel_size"),
+        ({"kernel_size": 2, "subm": True}, "kernel_size"),
+        ({"dilation": 0}, "dilation"),
+        ({"padding": -1}, "padding"),
+        ({"stride": 0}, "stride"),
+        ({"subm": True, "transposed": True}, "transposed"),
+    ],
+)
+def test_bad_geometry_names_the_argument(kwargs, argument):
+    with pytest.raises(ValueError, match=f"'{argument}'"):
+        km.Geometry.create(**kwargs)

@@ -325,7 +325,7 @@ def test_a_map_of_no_output_voxels(kind):
     assert out.features.shape == (0, 4) and out.spatial_shape == (2, 2, 2)
     assert_same_output(out, want)
     if kind == "SparseInverseConv3d":  # back to the two voxels, which receive only the bias
-        inv_peer, inv = twins(kind, 4, 3, kernel_size=2, indice_key="k")
+        _, inv = twins(kind, 4, 3, kernel_size=2, indice_key="k")
         back = inv(out)
         assert torch.equal(back.indices, idx)
         torch.testing.assert_close(back.features, inv.bias.detach().expand(2, 3))
