@@ -138,6 +138,30 @@ def test_every_dataflow_gives_the_same_answer(strategy):
     torch.testing.assert_close(gx, gx2, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("cls", "kwargs"), LAYERS)
+def test_reference_strategy_equals_gms(cls, kwargs):
+    # strategy="reference": spconv's per-offset algorithm in plain torch on the same map
+    idx = voxels()
+    x = torch.randn(len(idx), 4, dtype=torch.float64, requires_grad=True)
+    fast = cls(4, 6, 3, dtype=torch.float64, **kwargs)
+    ref = cls(4, 6, 3, dtype=torch.float64, strategy="reference", **kwargs)
+    ref.load_state_dict(fast.state_dict())
+    a, b = fast(SparseTensor(x, idx, SHAPE, 2)), ref(SparseTensor(x, idx, SHAPE, 2))
+    assert torch.equal(a.indices, b.indices)
+    torch.testing.assert_close(a.features, b.features)
+    dy = torch.randn_like(a.features)
+    grads = [
+        torch.autograd.grad(y.features, (x, m.weight, m.bias), dy) for y, m in ((a, fast), (b, ref))
+    ]
+    for g_fast, g_ref in zip(*grads, strict=True):
+        torch.testing.assert_close(g_fast, g_ref)
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="strategy"):
+        SubMConv3d(4, 6, 3, strategy="fastest")
+
+
 def _plans(layer, tensor):
     entry = next(iter(tensor.maps.values()), None)
     if entry is None:  # no indice_key: plan again through a keyed twin

@@ -70,6 +70,10 @@ __all__ = [
 ]
 
 
+#: The ``strategy`` that runs :func:`conv_reference` on the layer's kernel map.
+REFERENCE = "reference"
+
+
 def conv_reference(
     features: torch.Tensor,
     weight: torch.Tensor,
@@ -115,8 +119,9 @@ class _SparseConv(SparseModule):
         super().__init__()
         name = type(self).__name__
         dataflows = [d.value for d in Dataflow]
-        if strategy != "auto" and strategy not in dataflows:
-            raise ValueError(expected(name, "strategy", f"'auto' or one of {dataflows}", strategy))
+        if strategy not in ("auto", REFERENCE, *dataflows):
+            allowed = f"'auto', {REFERENCE!r} or one of {dataflows}"
+            raise ValueError(expected(name, "strategy", allowed, strategy))
         self.strategy = strategy
         for arg, value in (("in_channels", in_channels), ("out_channels", out_channels)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -257,6 +262,10 @@ class _SparseConv(SparseModule):
         """``y = b + sum W_r^T x_i`` over the map's pairs, by gms (float16 in float32)."""
         half = features.dtype == torch.float16
         compute = torch.float32 if half else features.dtype
+        if self.strategy == REFERENCE:  # spconv's per-offset algorithm in plain torch
+            bias = self.bias.to(compute) if self.bias is not None else None
+            y = conv_reference(features.to(compute), self.weight.to(compute), bias, entry.kmap)
+            return y.to(features.dtype) if half else y
         training = needs_grad(features, self.weight)
         plan, cfg = entry.plan_for(
             self.in_channels,
@@ -293,8 +302,9 @@ class SubMConv3d(_SparseConv):
             while its indices are unchanged (a fingerprint of their contents is compared on
             every use, so in-place edits of the indices, tracked or not, rebuild it).
         strategy: ``"auto"`` (the gms selector's choice; under autograd the target's
-            :data:`fusekit.gms.selector.TRAINING` strategy) or a gms dataflow to run pairwise,
-            e.g. ``"G-Mseg-S"``.
+            :data:`fusekit.gms.selector.TRAINING` strategy), a gms dataflow to run pairwise,
+            e.g. ``"G-Mseg-S"``, or ``"reference"``: :func:`conv_reference` on the same map
+            (spconv's per-offset algorithm in plain torch; a baseline, not a fast path).
         device, dtype: of the parameters.
     """
 
