@@ -28,6 +28,7 @@ _WHERE = {
     "SubMConv3d": "conv",
     "conv_reference": "conv",
     "from_spconv": "convert",
+    "voxel_backbone_8x": "backbones",
 }
 
 __all__ = sorted(_WHERE)
