@@ -12,6 +12,7 @@ from __future__ import annotations
 from fusekit.lazy import lazy_getattr
 
 _WHERE = {
+    "FastRGCNConv": "rgcn_fast",
     "MoE": "moe",
     "from_mixtral": "moe",
     "swap_mixtral_moe": "hf",

@@ -3,14 +3,15 @@ r"""``RGCNConv``: PyG's relational graph convolution, run as one fused g-mm-s.
 .. math::
 
     x'_i = \Theta_{\mathrm{root}}\, x_i + b
-         + \sum_{r \in \mathcal{R}} \sum_{j \in \mathcal{N}_r(i)} c_{i,r}\, \Theta_r\, x_j,
-    \qquad c_{i,r} = 1 / |\mathcal{N}_r(i)| \ (\text{mean}) \text{ or } 1 \ (\text{add, sum})
+         + \sum_{r \in \mathcal{R}} \Theta_r \bigoplus_{j \in \mathcal{N}_r(i)} x_j,
+    \qquad \bigoplus \in \{\text{sum}, \text{mean}, \text{max}, \text{min}\} \text{ per relation}
 
-(Schlichtkrull et al., ESWC 2018; the form and parameter names of
+(Schlichtkrull et al., ESWC 2018; the form, parameter names and keyword arguments of
 ``torch_geometric.nn.RGCNConv``). PyG loops over the relations, one masked propagate each; here
-the whole sum is one :func:`fusekit.gms.gms` call: gather ``g = src``, segment ``s = relation``,
-scatter ``d = dst``, per-pair scale ``c = c_{d,s}``, sum reduce. Regularisers map onto the same
-call:
+the sum and mean are one :func:`fusekit.gms.gms` call: gather ``g = src``, segment
+``s = relation``, scatter ``d = dst``, per-pair scale ``c = 1 / |N_r(i)|`` (mean) or none, sum
+reduce (``Theta_r`` is linear, so ``Theta_r sum_j c x_j = sum_j c Theta_r x_j``). Regularisers
+map onto the same call:
 
 * basis decomposition: ``Theta_r = sum_b comp[r, b] V_b``, formed first (``[R, in, out]``, as
   PyG does), then one g-mm-s;
@@ -19,27 +20,39 @@ call:
 * featureless nodes (``x`` None or a node-index tensor): ``Theta_r x_j`` is row ``x_j`` of
   ``weight[r]``, so the layer is a scaled gather-reduce of weight rows (no GEMM).
 
+``max`` and ``min`` do not commute with ``Theta_r``: the raw rows are reduced first per
+(target, relation) key that occurs (:func:`~fusekit.nn.rgcn_rows.segment_max`; ``min`` as
+``-max(-x)``), then one g-mm-s with ``g = key``, ``s = r``, ``d = i`` sums ``H_{i,r} Theta_r``.
+
+Eager calls run these fused kernels. Under ``torch.jit.script``, ``torch.jit.trace``,
+``torch.compile`` and ``torch.export``, the layer runs
+:func:`~fusekit.nn.rgcn_reference.rgcn_reference` instead: the same maths in plain torch ops,
+which those tools can record, and whose index checks become runtime assertions.
+
 Parameters are named and shaped as PyG's (``weight``, ``comp``, ``root``, ``bias``), so a PyG
-``state_dict`` loads as it is and outputs match PyG's.
+``state_dict`` loads as it is and outputs match PyG's. This module keeps real (not postponed)
+annotations: TorchScript reads them.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from fusekit.errors import expected
 from fusekit.gms import GMSProblem
-from fusekit.gms.segments import reduce_rows
 from fusekit.gms.selector import Constraints
 from fusekit.nn.engine import IndexCache, Prepared, needs_grad, prepare
+from fusekit.nn.rgcn_reference import AGGRS, compute_dtype, relation_weight, rgcn_reference
+from fusekit.nn.rgcn_rows import GatherReduce as GatherReduce
+from fusekit.nn.rgcn_rows import KeyGroups, segment_max
+from fusekit.nn.rgcn_rows import gather_reduce as gather_reduce
+from fusekit.nn.rgcn_rows import reduce_reference as reduce_reference
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-AGGRS: tuple[str, ...] = ("mean", "add", "sum")
+#: PyG's ``MessagePassing`` flows; ``"target_to_source"`` swaps the rows of ``edge_index``.
+FLOWS: tuple[str, ...] = ("source_to_target", "target_to_source")
+#: The ``MessagePassing`` keywords RGCNConv takes (``node_dim`` is fixed to 0, as in PyG).
+MESSAGE_PASSING_KWARGS: tuple[str, ...] = ("flow", "aggr_kwargs", "decomposed_layers")
 
 
 class RGCNConv(nn.Module):
@@ -52,18 +65,32 @@ class RGCNConv(nn.Module):
         num_relations: relations ``R``.
         num_bases: basis decomposition with this many bases (exclusive with ``num_blocks``).
         num_blocks: block-diagonal decomposition with this many blocks.
-        aggr: ``"mean"`` (per relation, as PyG), ``"add"`` or ``"sum"``.
+        aggr: per relation, ``"mean"`` (PyG's default), ``"add"``/``"sum"``, ``"max"`` or
+            ``"min"``.
         root_weight: add ``x_i @ root``.
         is_sorted: accepted for compatibility (the plan sorts once per graph anyway).
         bias: add a learned bias.
         strategy: ``"auto"`` (the gms selector, with ``Constraints(training=True)`` under
             autograd: :data:`fusekit.gms.selector.TRAINING`) or a gms strategy name.
+        **kwargs: PyG's ``MessagePassing`` keywords: ``flow`` (``"target_to_source"`` swaps
+            the edge direction), ``decomposed_layers`` (a memory knob of PyG's propagate; the
+            result does not depend on it) and an empty ``aggr_kwargs``.
+
+    Raises:
+        ValueError: a size, ``aggr``, ``flow`` or decomposition is not valid.
+        TypeError: ``node_dim`` (fixed to 0, as PyG's RGCNConv fixes it), a non-empty
+            ``aggr_kwargs`` or an unknown keyword.
 
     The plan of a graph is kept while the same ``edge_index`` and ``edge_type`` tensors (and
     node indices, when featureless) come back with the same contents
     (:class:`~fusekit.nn.engine.IndexCache`: their version counters and a
     :func:`~fusekit.nn.engine.fingerprint`, one pass over the indices): editing them in place,
-    even through ``.data`` or a numpy array sharing the memory, plans again.
+    even through ``.data`` or a numpy array sharing the memory, plans again. Index ranges are
+    checked when a plan is built, so a call that reuses a plan does O(1) checks.
+
+    float16 and bfloat16 layers compute in float32 and return the input's dtype (PyG's
+    RGCNConv returns float32 there, from its float32 accumulator; its FastRGCNConv the input's
+    dtype).
     """
 
     def __init__(
@@ -78,16 +105,19 @@ class RGCNConv(nn.Module):
         is_sorted: bool = False,
         bias: bool = True,
         strategy: str = "auto",
+        **kwargs: Any,
     ) -> None:
         super().__init__()
         if num_bases is not None and num_blocks is not None:
             raise ValueError(
                 expected("RGCNConv", "num_bases", "None when num_blocks is set", num_bases)
             )
-        if aggr not in AGGRS:
+        if not isinstance(aggr, str) or aggr not in AGGRS:
             raise ValueError(
                 expected("RGCNConv", "aggr", " or ".join(map(repr, AGGRS)), repr(aggr))
             )
+        self.flow, self.decomposed_layers = _message_passing_kwargs(kwargs)
+        self.node_dim = 0
         pair = (
             (in_channels, in_channels)
             if not isinstance(in_channels, tuple | list)
@@ -162,143 +192,221 @@ class RGCNConv(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor | tuple[torch.Tensor | None, torch.Tensor] | None,
-        edge_index: torch.Tensor,
-        edge_type: torch.Tensor,
-    ) -> torch.Tensor:
+        x: Tensor | tuple[Tensor | None, Tensor] | None,
+        edge_index: Tensor,
+        edge_type: Tensor | None = None,
+    ) -> Tensor:
         """``[N_dst, out_channels]`` (see the module docstring for the formula).
 
         Args:
             x: ``[N, in]`` float features; or ``None`` / ``[N]`` int64 node indices for
                 featureless nodes; or a ``(source, target)`` pair of either.
-            edge_index: ``[2, E]`` int64, row 0 sources, row 1 targets.
-            edge_type: ``[E]`` int64 relations in ``[0, num_relations)``.
+            edge_index: ``[2, E]`` int64, row 0 sources, row 1 targets (the other way round
+                with ``flow="target_to_source"``).
+            edge_type: ``[E]`` int64 relations in ``[0, num_relations)`` (required: sparse
+                adjacency inputs are not supported).
+
+        Raises:
+            ValueError: a shape or an index out of range, naming the argument.
+            TypeError: a dtype, naming the argument.
         """
+        if torch.jit.is_scripting() or _recorded():  # type: ignore[attr-defined]
+            return self._forward_reference(x, edge_index, edge_type)
+        return self._forward_fused(x, edge_index, edge_type)
+
+    def _forward_reference(
+        self,
+        x: Tensor | tuple[Tensor | None, Tensor] | None,
+        edge_index: Tensor,
+        edge_type: Tensor | None,
+    ) -> Tensor:
+        """The plain-torch path that TorchScript compiles and torch.export records."""
+        x_l: Tensor | None = None
+        x_r: Tensor | None = None
+        if isinstance(x, tuple):
+            x_l = x[0]
+            x_r = x[1]
+        else:
+            x_l = x
+        if x_l is None:
+            x_l = torch.arange(self.in_channels_l, device=self.weight.device)
+        if x_r is None:
+            x_r = x_l
+        if edge_type is None:
+            raise ValueError("RGCNConv: expected 'edge_type' to be a [E] tensor (got None)")
+        if torch.is_floating_point(x_l) and x_l.dtype != self.weight.dtype:
+            raise TypeError(
+                f"RGCNConv: expected 'x' to be {self.weight.dtype} like the weights "
+                f"(got {x_l.dtype})"
+            )
+        return rgcn_reference(
+            x_l,
+            x_r,
+            edge_index,
+            edge_type,
+            self.weight,
+            self.comp,
+            self.root,
+            self.bias,
+            self.aggr,
+            self.flow,
+        )
+
+    @torch.jit.unused
+    def _forward_fused(
+        self,
+        x: Tensor | tuple[Tensor | None, Tensor] | None,
+        edge_index: Tensor,
+        edge_type: Tensor | None,
+    ) -> Tensor:
+        """The eager path: cached plans, fused kernels."""
         x_l, x_r = x if isinstance(x, tuple) else (x, x)
         featureless = x_l is None or not torch.is_floating_point(x_l)
-        device = self.weight.device
         # the plan cache's key: no tensor when every node is its own index
         x_key = x_l
         if x_l is None:
-            x_l = torch.arange(self.in_channels_l, device=device)
+            x_l = torch.arange(self.in_channels_l, device=self.weight.device)
         if x_r is None:
             x_r = x_l
-        n_src, n_dst = int(x_l.shape[0]), int(x_r.shape[0])
-        self._check(x_l, x_r, edge_index, edge_type, featureless)
+        edge_type = self._check(x_l, x_r, edge_index, edge_type, featureless)
         if featureless and self.num_blocks is not None:
             raise ValueError(
                 expected("RGCNConv", "x", "float features with num_blocks", "node indices")
             )
-        out = self._relational(x_l, edge_index, edge_type, n_src, n_dst, featureless, x_key)
+        dtype = self.weight.dtype if featureless else x_l.dtype
+        ct = compute_dtype(dtype)
+        out = self._relational(x_l, x_r, edge_index, edge_type, featureless, x_key, ct)
         if self.root is not None:
-            out = out + (self.root[x_r] if not torch.is_floating_point(x_r) else x_r @ self.root)
+            root = self.root.to(ct)
+            out = out + (root[x_r] if not torch.is_floating_point(x_r) else x_r.to(ct) @ root)
         if self.bias is not None:
-            out = out + self.bias
-        return out
+            out = out + self.bias.to(ct)
+        return out.to(dtype)
 
     def _relational(
         self,
-        x_l: torch.Tensor,
-        edge_index: torch.Tensor,
-        edge_type: torch.Tensor,
-        n_src: int,
-        n_dst: int,
+        x_l: Tensor,
+        x_r: Tensor,
+        edge_index: Tensor,
+        edge_type: Tensor,
         featureless: bool,
-        x_key: torch.Tensor | None,
-    ) -> torch.Tensor:
-        weight: torch.Tensor = self.weight
-        if self.num_bases is not None:
-            weight = (self.comp @ weight.view(self.num_bases, -1)).view(
-                self.num_relations, self.in_channels_l, self.out_channels
-            )
-        extra = (n_src, n_dst, featureless, x_l.dtype, str(x_l.device))
+        x_key: Tensor | None,
+        ct: torch.dtype,
+    ) -> Tensor:
+        """``sum_r Theta_r (+)_{j in N_r(i)} x_j``, in ``ct``."""
+        comp = None if self.comp is None else self.comp.to(ct)
+        weight = relation_weight(self.weight.to(ct), comp)
+        n_src, n_dst = int(x_l.shape[0]), int(x_r.shape[0])
+        extra = (n_src, n_dst, featureless, ct, str(x_l.device), self.flow)
+        src, dst = _directed(edge_index, self.flow)
+        extremal = self.aggr in ("max", "min")
         if featureless:
-            gr = self._plans.get(
+            table = weight.reshape(self.num_relations * self.in_channels_l, self.out_channels)
+            groups, gr = self._plans.get(
                 (edge_index, edge_type, x_key),
                 extra,
-                lambda: _featureless_pairs(
-                    x_l,
-                    edge_index,
-                    edge_type,
-                    n_dst,
-                    self.num_relations,
-                    self.in_channels_l,
-                    self.aggr,
-                ),
+                lambda: self._featureless_plan(x_l, src, dst, edge_type, n_src, n_dst),
             )
-            table = weight.reshape(self.num_relations * self.in_channels_l, self.out_channels)
+            if groups is not None:
+                table = segment_max(table, groups, negate=self.aggr == "min")
             return gather_reduce(table, gr)
         blocks = self.num_blocks or 1
         k_in = self.in_channels_l // blocks
-        m_out = self.out_channels // blocks
+        x_c = x_l.to(ct)
+        training = self.strategy == "auto" and needs_grad(x_c, weight)
         prepared: Prepared
-        scale: torch.Tensor | None
-        training = self.strategy == "auto" and needs_grad(x_l, weight)
-        prepared, scale = self._plans.get(
+        prepared, scale, groups = self._plans.get(
             (edge_index, edge_type),
             (*extra, training),
-            lambda: self._prepare(
-                edge_index, edge_type, n_src, n_dst, blocks, k_in, m_out, x_l, training
-            ),
+            lambda: self._prepare(src, dst, edge_type, n_src, n_dst, blocks, x_c, training),
         )
-        x_blocks = x_l.contiguous().view(n_src * blocks, k_in)
-        w = weight.reshape(self.num_relations * blocks, k_in, m_out)
-        return prepared(x_blocks, w.contiguous(), scale).view(n_dst, self.out_channels)
+        if extremal:
+            x_c = segment_max(x_c, groups, negate=self.aggr == "min")
+        rows = int(x_c.shape[0])
+        w = weight.reshape(self.num_relations * blocks, k_in, self.out_channels // blocks)
+        out: Tensor = prepared(x_c.contiguous().view(rows * blocks, k_in), w.contiguous(), scale)
+        return out.view(n_dst, self.out_channels)
 
     def _prepare(
         self,
-        edge_index: torch.Tensor,
-        edge_type: torch.Tensor,
+        src: Tensor,
+        dst: Tensor,
+        edge_type: Tensor,
         n_src: int,
         n_dst: int,
         blocks: int,
-        k_in: int,
-        m_out: int,
-        x: torch.Tensor,
+        x: Tensor,
         training: bool,
-    ) -> tuple[Prepared, torch.Tensor | None]:
-        src, dst = edge_index[0], edge_index[1]
-        scale = (
-            _mean_scale(dst, edge_type, n_dst, self.num_relations, x.dtype)
-            if (self.aggr == "mean")
-            else None
-        )
+    ) -> tuple[Prepared, Tensor | None, KeyGroups | None]:
+        """The plan of a graph: its g-mm-s problem (over the keys that occur, for max/min)."""
+        _check_ranges(src, dst, edge_type, n_src, n_dst, self.num_relations)
+        relations = self.num_relations
+        groups: KeyGroups | None = None
+        scale: Tensor | None = None
+        if self.aggr in ("max", "min"):
+            groups = KeyGroups(src, dst.long() * relations + edge_type.long())
+            n_in = groups.num_groups
+            gather = torch.arange(n_in, device=src.device)
+            rel, dst = groups.keys % relations, groups.keys // relations
+        else:
+            n_in, gather, rel = n_src, src, edge_type
+            if self.aggr == "mean":
+                scale = _mean_scale(dst, edge_type, n_dst, relations, x.dtype)
         if blocks > 1:
             b = torch.arange(blocks, device=src.device)
-            src = (src[:, None] * blocks + b).flatten()
-            dst_b = (dst[:, None] * blocks + b).flatten()
-            rel = (edge_type[:, None] * blocks + b).flatten()
+            gather = (gather[:, None] * blocks + b).flatten()
+            dst = (dst[:, None] * blocks + b).flatten()
+            rel = (rel[:, None] * blocks + b).flatten()
             scale = scale.repeat_interleave(blocks) if scale is not None else None
-        else:
-            dst_b, rel = dst, edge_type
         problem = GMSProblem.create(
-            src,
-            rel,
-            dst_b,
-            n_dst * blocks,
-            n_in=n_src * blocks,
-            num_segments=self.num_relations * blocks,
+            gather, rel, dst, n_dst * blocks, n_in=n_in * blocks, num_segments=relations * blocks
         )
         prepared = prepare(
             problem,
-            k_in,
-            m_out,
+            self.in_channels_l // blocks,
+            self.out_channels // blocks,
             x.dtype,
             has_scale=scale is not None,
             device=x.device,
             strategy=self.strategy,
             constraints=Constraints(training=training),
         )
-        return prepared, scale
+        return prepared, scale, groups
+
+    def _featureless_plan(
+        self, x_l: Tensor, src: Tensor, dst: Tensor, edge_type: Tensor, n_src: int, n_dst: int
+    ) -> tuple[KeyGroups | None, GatherReduce]:
+        """Rows ``r * N + x_j`` of the ``[R N, out]`` weight table, and how they reduce."""
+        _check_ranges(src, dst, edge_type, n_src, n_dst, self.num_relations)
+        width, relations = self.in_channels_l, self.num_relations
+        if x_l.numel() and (int(x_l.min()) < 0 or int(x_l.max()) >= width):
+            raise ValueError(
+                expected("RGCNConv", "x", f"node indices in [0, {width})", "values outside")
+            )
+        src, dst = src.long(), dst.long()
+        rows = edge_type.long() * width + x_l.long()[src]
+        if self.aggr in ("max", "min"):
+            # per (target, relation) key first, then the sum over the relations
+            groups = KeyGroups(rows, dst * relations + edge_type.long())
+            u = groups.num_groups
+            keys = torch.arange(u, device=rows.device)
+            return groups, GatherReduce(keys, groups.keys // relations, None, n_dst, u)
+        scale = (
+            _mean_scale(dst, edge_type, n_dst, relations, torch.float32)
+            if self.aggr == "mean"
+            else None
+        )
+        return None, GatherReduce(rows, dst, scale, n_dst, relations * width)
 
     def _check(
         self,
-        x_l: torch.Tensor,
-        x_r: torch.Tensor,
-        edge_index: torch.Tensor,
-        edge_type: torch.Tensor,
+        x_l: Tensor,
+        x_r: Tensor,
+        edge_index: Tensor,
+        edge_type: Tensor | None,
         featureless: bool,
-    ) -> None:
+    ) -> Tensor:
+        """Shapes and dtypes (O(1)), returning ``edge_type``; index ranges: when planning."""
         if (
             not isinstance(edge_index, torch.Tensor)
             or edge_index.dim() != 2
@@ -316,17 +424,6 @@ class RGCNConv(nn.Module):
         for name, t in (("edge_index", edge_index), ("edge_type", edge_type)):
             if t.dtype not in (torch.int64, torch.int32):
                 raise TypeError(expected("RGCNConv", name, "int64 or int32", t.dtype))
-        if edge_type.numel():
-            lo, hi = int(edge_type.min()), int(edge_type.max())
-            if lo < 0 or hi >= self.num_relations:
-                raise ValueError(
-                    expected(
-                        "RGCNConv",
-                        "edge_type",
-                        f"in [0, {self.num_relations})",
-                        f"values in [{lo}, {hi}]",
-                    )
-                )
         if featureless:
             if x_l.dtype not in (torch.int64, torch.int32):
                 raise TypeError(
@@ -342,21 +439,19 @@ class RGCNConv(nn.Module):
             )
         if self.root is not None and x_r is not x_l:
             self._check_target(x_r, self.root)
-        if edge_index.numel():
-            for row, n, side in ((0, x_l.shape[0], "source"), (1, x_r.shape[0], "target")):
-                lo, hi = int(edge_index[row].min()), int(edge_index[row].max())
-                if lo < 0 or hi >= n:
-                    raise ValueError(
-                        expected(
-                            "RGCNConv",
-                            "edge_index",
-                            f"{side} nodes in [0, {n})",
-                            f"values in [{lo}, {hi}]",
-                        )
-                    )
+        if self.flow == "target_to_source" and x_l.shape[0] != x_r.shape[0]:
+            raise ValueError(
+                expected(
+                    "RGCNConv",
+                    "x",
+                    "as many source as target nodes with flow='target_to_source'",
+                    f"{x_l.shape[0]} and {x_r.shape[0]}",
+                )
+            )
+        return edge_type
 
     @staticmethod
-    def _check_target(x_r: torch.Tensor, root: torch.Tensor) -> None:
+    def _check_target(x_r: Tensor, root: Tensor) -> None:
         """The target side of a pair, which ``root`` reads: ``[N, in]`` rows or node indices."""
         in_r = root.shape[0]
         if torch.is_floating_point(x_r):
@@ -380,12 +475,82 @@ class RGCNConv(nn.Module):
                 expected("RGCNConv", "x", f"target node indices [N] int64 in [0, {in_r})", got)
             )
 
-    def extra_repr(self) -> str:
-        """As PyG prints it, plus the aggregation."""
+    def __repr__(self) -> str:
+        """As PyG prints it: ``RGCNConv(4, 32, num_relations=8)``."""
         return (
-            f"{self.in_channels}, {self.out_channels}, num_relations={self.num_relations}, "
-            f"aggr={self.aggr!r}"
+            f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
+            f"num_relations={self.num_relations})"
         )
+
+
+@torch.jit.unused
+def _recorded() -> bool:
+    """Whether torch.jit.trace, torch.compile or torch.export is recording this call."""
+    tracing: bool = torch.jit.is_tracing()  # type: ignore[attr-defined, no-untyped-call]
+    return tracing or torch.compiler.is_compiling()
+
+
+def _message_passing_kwargs(kwargs: dict[str, Any]) -> tuple[str, int]:
+    """``(flow, decomposed_layers)`` from PyG's ``MessagePassing`` keywords, checked."""
+    if "node_dim" in kwargs:
+        raise TypeError(
+            expected(
+                "RGCNConv",
+                "node_dim",
+                "left unset (RGCNConv fixes node_dim=0, as PyG's does)",
+                kwargs["node_dim"],
+            )
+        )
+    unknown = sorted(set(kwargs) - set(MESSAGE_PASSING_KWARGS))
+    if unknown:
+        raise TypeError(
+            expected(
+                "RGCNConv",
+                unknown[0],
+                "one of the MessagePassing keywords " + ", ".join(MESSAGE_PASSING_KWARGS),
+                "an unexpected keyword argument",
+            )
+        )
+    flow = kwargs.get("flow", FLOWS[0])
+    if flow not in FLOWS:
+        raise ValueError(expected("RGCNConv", "flow", " or ".join(map(repr, FLOWS)), repr(flow)))
+    if kwargs.get("aggr_kwargs"):
+        raise TypeError(
+            expected(
+                "RGCNConv",
+                "aggr_kwargs",
+                "None or empty (sum, mean, max and min take no arguments)",
+                kwargs["aggr_kwargs"],
+            )
+        )
+    layers = kwargs.get("decomposed_layers", 1)
+    if not _positive(layers):
+        raise ValueError(expected("RGCNConv", "decomposed_layers", "a positive int", layers))
+    return flow, layers
+
+
+def _directed(edge_index: Tensor, flow: str) -> tuple[Tensor, Tensor]:
+    """``(source row, target row)`` of ``edge_index`` for PyG's ``flow``."""
+    if flow == "target_to_source":
+        return edge_index[1], edge_index[0]
+    return edge_index[0], edge_index[1]
+
+
+def _check_ranges(
+    src: Tensor, dst: Tensor, edge_type: Tensor, n_src: int, n_dst: int, relations: int
+) -> None:
+    """Relations in ``[0, R)``, sources in ``[0, N_src)``, targets in ``[0, N_dst)``."""
+    for arg, t, n, what in (
+        ("edge_type", edge_type, relations, ""),
+        ("edge_index", src, n_src, "source nodes "),
+        ("edge_index", dst, n_dst, "target nodes "),
+    ):
+        if t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(
+                    expected("RGCNConv", arg, f"{what}in [0, {n})", f"values in [{lo}, {hi}]")
+                )
 
 
 def _positive(value: Any) -> bool:
@@ -397,131 +562,9 @@ def _shape(t: Any) -> str:
 
 
 def _mean_scale(
-    dst: torch.Tensor, edge_type: torch.Tensor, n_dst: int, relations: int, dtype: torch.dtype
-) -> torch.Tensor:
+    dst: Tensor, edge_type: Tensor, n_dst: int, relations: int, dtype: torch.dtype
+) -> Tensor:
     """``c_e = 1 / |N_{r_e}(d_e)|``: PyG's per-relation mean as a per-edge factor."""
     key = dst.long() * relations + edge_type.long()
     count = torch.bincount(key, minlength=n_dst * relations)
     return (1.0 / count[key].to(torch.float64)).to(dtype)
-
-
-class GatherReduce:
-    """The indices of ``out[i] = sum_{p: dst[p] = i} scale[p] * table[rows[p]]``, both ways.
-
-    Attributes:
-        rows: ``[E]`` table row of each pair.
-        dst: ``[E]`` output row of each pair.
-        scale: ``[E]`` factor of each pair, or None.
-        n_out: output rows.
-        n_table: table rows.
-        by_dst: (ptr, positions) CSR of pairs by output row (the forward).
-        by_row: (ptr, positions) CSR of pairs by table row (the gradient of the table).
-    """
-
-    def __init__(
-        self,
-        rows: torch.Tensor,
-        dst: torch.Tensor,
-        scale: torch.Tensor | None,
-        n_out: int,
-        n_table: int,
-    ) -> None:
-        e = rows.shape[0] if isinstance(rows, torch.Tensor) and rows.dim() == 1 else -1
-        for name, t, bound in (("rows", rows, n_table), ("dst", dst, n_out)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != e:
-                raise ValueError(expected("GatherReduce", name, "[E] like 'rows'", _shape(t)))
-            if t.dtype not in (torch.int64, torch.int32):
-                raise TypeError(expected("GatherReduce", name, "int64 or int32", t.dtype))
-            if e and not 0 <= int(t.min()) <= int(t.max()) < bound:
-                raise ValueError(
-                    expected(
-                        "GatherReduce",
-                        name,
-                        f"in [0, {bound})",
-                        f"values in [{int(t.min())}, {int(t.max())}]",
-                    )
-                )
-        if scale is not None and (not isinstance(scale, torch.Tensor) or scale.shape != (e,)):
-            raise ValueError(expected("GatherReduce", "scale", f"[{e}] or None", _shape(scale)))
-        self.rows, self.dst, self.scale = rows.long(), dst.long(), scale
-        self.n_out, self.n_table = n_out, n_table
-        self.by_dst = _csr(self.dst, n_out)
-        self.by_row = _csr(self.rows, n_table)
-
-
-def _csr(key: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pos = torch.argsort(key, stable=True)
-    ptr = torch.zeros(n + 1, dtype=torch.int64, device=key.device)
-    ptr[1:] = torch.cumsum(torch.bincount(key, minlength=n), 0)
-    return ptr, pos
-
-
-def _featureless_pairs(
-    x_l: torch.Tensor,
-    edge_index: torch.Tensor,
-    edge_type: torch.Tensor,
-    n_dst: int,
-    relations: int,
-    table_width: int,
-    aggr: str,
-) -> GatherReduce:
-    src, dst = edge_index[0].long(), edge_index[1].long()
-    if x_l.numel() and (int(x_l.min()) < 0 or int(x_l.max()) >= table_width):
-        raise ValueError(
-            expected("RGCNConv", "x", f"node indices in [0, {table_width})", "values outside")
-        )
-    rows = edge_type.long() * table_width + x_l.long()[src]
-    scale = _mean_scale(dst, edge_type, n_dst, relations, torch.float32) if aggr == "mean" else None
-    return GatherReduce(rows, dst, scale, n_dst, relations * table_width)
-
-
-def gather_reduce(table: torch.Tensor, gr: GatherReduce) -> torch.Tensor:
-    """``out[i] = sum_{p: dst[p] = i} scale[p] * table[rows[p]]``, differentiable in ``table``."""
-    if gr.n_table != table.shape[0]:
-        raise ValueError(expected("gather_reduce", "table", f"{gr.n_table} rows", table.shape[0]))
-    if gr.scale is not None and gr.scale.dtype != table.dtype:
-        gr.scale = gr.scale.to(table.dtype)
-    out: torch.Tensor = _GatherReduce.apply(table, gr)  # type: ignore[no-untyped-call]
-    return out
-
-
-class _GatherReduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, table: torch.Tensor, gr: GatherReduce) -> torch.Tensor:
-        ctx.gr = gr
-        return _reduce(table.contiguous(), gr.rows, gr.scale, gr.by_dst)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Sequence[torch.Tensor | None]:
-        gr: GatherReduce = ctx.gr
-        return _reduce(grad.contiguous(), gr.dst, gr.scale, gr.by_row), None
-
-
-def _reduce(
-    src: torch.Tensor,
-    src_index: torch.Tensor,
-    scale: torch.Tensor | None,
-    csr: tuple[torch.Tensor, torch.Tensor],
-) -> torch.Tensor:
-    """``out[i] = sum over the CSR positions p of row i of scale[p] * src[src_index[p]]``."""
-    ptr, pos = csr
-    return reduce_rows(
-        src, ptr, n_pairs=int(src_index.shape[0]), src_index=src_index, scale=scale, pos=pos
-    )
-
-
-def reduce_reference(
-    src: torch.Tensor,
-    src_index: torch.Tensor,
-    scale: torch.Tensor | None,
-    ptr: torch.Tensor,
-    pos: torch.Tensor,
-    n_out: int,
-) -> torch.Tensor:
-    """The plain-torch reference of :func:`_reduce` (``index_add_``)."""
-    rows = torch.repeat_interleave(torch.arange(n_out, device=src.device), ptr[1:] - ptr[:-1])
-    values = src[src_index[pos]]
-    if scale is not None:
-        values = values * scale[pos, None].to(src.dtype)
-    out = torch.zeros(n_out, src.shape[1], dtype=src.dtype, device=src.device)
-    return out.index_add_(0, rows, values)
