@@ -305,7 +305,7 @@ class RGCNConv(nn.Module):
             groups, gr = self._plans.get(
                 (edge_index, edge_type, x_key),
                 extra,
-                lambda: self._featureless_plan(x_l, src, dst, edge_type, n_src, n_dst),
+                lambda: self._featureless_plan(x_l, src, dst, edge_type, n_src, n_dst, ct),
             )
             if groups is not None:
                 table = segment_max(table, groups, negate=self.aggr == "min")
@@ -374,7 +374,14 @@ class RGCNConv(nn.Module):
         return prepared, scale, groups
 
     def _featureless_plan(
-        self, x_l: Tensor, src: Tensor, dst: Tensor, edge_type: Tensor, n_src: int, n_dst: int
+        self,
+        x_l: Tensor,
+        src: Tensor,
+        dst: Tensor,
+        edge_type: Tensor,
+        n_src: int,
+        n_dst: int,
+        dtype: torch.dtype,
     ) -> tuple[KeyGroups | None, GatherReduce]:
         """Rows ``r * N + x_j`` of the ``[R N, out]`` weight table, and how they reduce."""
         _check_ranges(src, dst, edge_type, n_src, n_dst, self.num_relations)
@@ -392,9 +399,7 @@ class RGCNConv(nn.Module):
             keys = torch.arange(u, device=rows.device)
             return groups, GatherReduce(keys, groups.keys // relations, None, n_dst, u)
         scale = (
-            _mean_scale(dst, edge_type, n_dst, relations, torch.float32)
-            if self.aggr == "mean"
-            else None
+            _mean_scale(dst, edge_type, n_dst, relations, dtype) if self.aggr == "mean" else None
         )
         return None, GatherReduce(rows, dst, scale, n_dst, relations * width)
 
