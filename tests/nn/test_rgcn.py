@@ -221,3 +221,17 @@ def test_segment_max_splits_the_gradient_between_ties():
 def test_repr_is_pygs():
     assert repr(RGCNConv(4, 32, num_relations=8)) == "RGCNConv(4, 32, num_relations=8)"
     assert repr(RGCNConv((4, 16), 32, 2, aggr="max")) == "RGCNConv((4, 16), 32, num_relations=2)"
+
+
+def test_changing_aggr_after_a_call_plans_again(graph):
+    ref, ours = _pair(graph, 8, 8)
+    x = torch.randn(graph.num_nodes, 8)
+    _close(ref(x, graph.edge_index, graph.edge_type), ours(x, graph.edge_index, graph.edge_type))
+    for aggr in ("max", "add", "mean"):
+        ours.aggr = aggr
+        ref_new = pyg.RGCNConv(8, 8, graph.num_relations, aggr=aggr)
+        ref_new.load_state_dict(ours.state_dict())
+        _close(
+            ref_new(x, graph.edge_index, graph.edge_type),
+            ours(x, graph.edge_index, graph.edge_type),
+        )

@@ -297,7 +297,8 @@ class RGCNConv(nn.Module):
         comp = None if self.comp is None else self.comp.to(ct)
         weight = relation_weight(self.weight.to(ct), comp)
         n_src, n_dst = int(x_l.shape[0]), int(x_r.shape[0])
-        extra = (n_src, n_dst, featureless, ct, str(x_l.device), self.flow)
+        device = str(x_l.device)
+        extra = (n_src, n_dst, featureless, ct, device, self.flow, self.aggr, self.strategy)
         src, dst = _directed(edge_index, self.flow)
         extremal = self.aggr in ("max", "min")
         if featureless:
