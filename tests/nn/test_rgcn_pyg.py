@@ -337,8 +337,9 @@ def test_kwargs_pyg_refuses_are_refused(kw, error, match):
 
 #: Largest error relative to the output's largest magnitude, against PyG's half-precision run:
 #: PyG rounds every per-relation product to the half type, fusekit computes in float32 and
-#: rounds once, so the gap is a few half-precision ulps of the largest partial sums.
-HALF_REL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+#: rounds once, so the gap is a few half-precision ulps of the largest partial sums (measured on
+#: this graph: about 4e-4 for float16 and 3e-3 for bfloat16, each side against float64 too).
+HALF_REL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
