@@ -21,7 +21,7 @@ from fusekit.threads import prefer_passive_wait
 log = logging.getLogger(__name__)
 
 #: Report order of the parts; each may or may not have a section module yet.
-PARTS: tuple[str, ...] = ("hw", "ir", "gms", "nn", "stitch", "accel", "sparse")
+PARTS: tuple[str, ...] = ("hw", "ir", "gms", "nn", "networks", "stitch", "accel", "sparse")
 
 
 @dataclass(frozen=True, slots=True)
