@@ -229,8 +229,8 @@ def build(options: TourOptions) -> Section:
             "SparseConv3d take spconv's weights and build their kernel maps with a numba hash; "
             "fusekit.nn.MoE "
             "runs Mixtral's router and SwiGLU experts over expert segments, or at decode-sized "
-            "batches in one fused call (swap_mixtral_moe replaces the blocks of an HF Mixtral "
-            "model with equal outputs)."
+            "batches in one fused call; the same kernels run the experts of HF models through "
+            "set_experts_implementation('fusekit') (the networks section)."
         ),
         table,
     )
