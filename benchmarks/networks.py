@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +50,7 @@ from fusekit.data.voxels import VoxelScan
 from fusekit.hw import detect
 from fusekit.report.records import Plot, Summary, run_metadata, shown, write_results
 from fusekit.search.measure import time_call
+from peers import import_spconv
 
 TITLE = (
     "Whole networks: a SECOND/CenterPoint sparse backbone converted from spconv, Hugging Face "
@@ -113,18 +113,6 @@ def check(name: str, err: float, tol: float) -> None:
 
 
 # ---------------------------------------------------------------- backbone (spconv -> fusekit)
-
-
-def import_spconv() -> Any:
-    """``spconv.pytorch`` (a script folder on sys.path could shadow the package)."""
-    here = Path(__file__).resolve().parent
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    try:
-        import spconv.pytorch
-    finally:
-        sys.path[:] = saved
-    return spconv.pytorch
 
 
 def trained_looking(net: torch.nn.Module) -> torch.nn.Module:

@@ -33,12 +33,10 @@ Run: ``chrt -f 10 .venv/bin/python benchmarks/spconv.py [--quick]``
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -48,6 +46,7 @@ from fusekit.hw import CPUTarget, detect
 from fusekit.nn.conv import SparseTensor, SubMConv3d, conv_reference
 from fusekit.report.records import Plot, Summary, run_metadata, write_results
 from gms_kernels import FLOOR, bare_gemms, time_blocks
+from peers import import_spconv
 
 SPCONV = "spconv SubMConv3d"
 FUSEKIT = "fusekit SubMConv3d"
@@ -91,18 +90,6 @@ def configs(quick: bool) -> list[Config]:
     if quick:
         scans = scans[:1]
     return [Config(s, c) for s in scans for c in (32, 64)]
-
-
-def import_spconv() -> Any:
-    """``spconv.pytorch``, the package (this script's own name would shadow it on sys.path)."""
-    here = Path(__file__).resolve().parent
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    try:
-        import spconv.pytorch
-    finally:
-        sys.path[:] = saved
-    return spconv.pytorch
 
 
 def inference(fn: Callable[[], object]) -> Callable[[], object]:
