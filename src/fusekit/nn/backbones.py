@@ -21,6 +21,7 @@ converted by :func:`fusekit.nn.from_spconv` and checked against itself.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -52,25 +53,24 @@ def voxel_backbone_8x(in_channels: int = 4, layers: ModuleType | None = None) ->
         raise ValueError(
             expected("voxel_backbone_8x", "in_channels", "a positive int", in_channels)
         )
-    if layers is None:
-        import fusekit.nn as layers
+    lib: Any = layers if layers is not None else importlib.import_module("fusekit.nn")
 
     def block(cin: int, cout: int, key: str, **conv: Any) -> Any:
         if conv:
-            op = layers.SparseConv3d(cin, cout, bias=False, indice_key=key, **conv)
+            op = lib.SparseConv3d(cin, cout, bias=False, indice_key=key, **conv)
         else:
-            op = layers.SubMConv3d(cin, cout, 3, padding=1, bias=False, indice_key=key)
+            op = lib.SubMConv3d(cin, cout, 3, padding=1, bias=False, indice_key=key)
         norm = torch.nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01)
-        return layers.SparseSequential(op, norm, torch.nn.ReLU())
+        return lib.SparseSequential(op, norm, torch.nn.ReLU())
 
     def stage(cin: int, cout: int, n: int, padding: int | tuple[int, int, int]) -> Any:
         down = block(cin, cout, f"spconv{n}", kernel_size=3, stride=2, padding=padding)
-        return layers.SparseSequential(
+        return lib.SparseSequential(
             down, block(cout, cout, f"subm{n}"), block(cout, cout, f"subm{n}")
         )
 
     c1, c2, c3, c4 = STAGE_CHANNELS
-    net: torch.nn.Module = layers.SparseSequential(
+    net: torch.nn.Module = lib.SparseSequential(
         block(in_channels, c1, "subm1"),  # conv_input
         block(c1, c1, "subm1"),  # conv1
         stage(c1, c2, 2, 1),  # conv2: 2x
