@@ -133,17 +133,7 @@ def check_output_grid(
         steps.append(tuple(_size(where, arg, v, low, MAX_AXIS, what) for v in items))  # type: ignore[arg-type]
     s, p = steps
     out = output_shape(shape, s, p)
-    cells = batch_size * out[0] * out[1] * out[2]
-    if min(out) < 1 or max(out) > MAX_AXIS or cells >= MAX_CELLS:
-        raise ValueError(
-            expected(
-                where,
-                "padding",
-                f"an output grid of {shape} with sizes in [1, {MAX_AXIS}] and fewer than 2**63 "
-                f"cells with batch_size {batch_size} (stride {s})",
-                f"padding {p}: output {out}",
-            )
-        )
+    _check_output(shape, batch_size, out, f"stride {s}", p, where)
     return out, s, p
 
 
@@ -157,6 +147,21 @@ def check_geometry_grid(
             (naming ``padding``, the argument that usually makes it).
     """
     out = geometry.output_shape(shape)
+    g = geometry
+    detail = f"kernel_size {g.kernel_size}, stride {g.stride}, dilation {g.dilation}"
+    _check_output(shape, batch_size, out, detail, g.padding, where)
+    return out
+
+
+def _check_output(
+    shape: tuple[int, int, int],
+    batch_size: int,
+    out: tuple[int, int, int],
+    detail: str,
+    padding: tuple[int, int, int],
+    where: str,
+) -> None:
+    """Every output axis holds a voxel and ``B Z' Y' X' < 2^63``, else name ``padding``."""
     cells = batch_size * out[0] * out[1] * out[2]
     if min(out) < 1 or max(out) > MAX_AXIS or cells >= MAX_CELLS:
         raise ValueError(
@@ -164,12 +169,10 @@ def check_geometry_grid(
                 where,
                 "padding",
                 f"an output grid of {shape} with sizes in [1, {MAX_AXIS}] and fewer than 2**63 "
-                f"cells with batch_size {batch_size} (kernel_size {geometry.kernel_size}, "
-                f"stride {geometry.stride}, dilation {geometry.dilation})",
-                f"padding {geometry.padding}: output {out}",
+                f"cells with batch_size {batch_size} ({detail})",
+                f"padding {padding}: output {out}",
             )
         )
-    return out
 
 
 def duplicate_message(coords: np.ndarray | torch.Tensor, row: int) -> str:
