@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint venv clean
+.PHONY: demo test test-slow test-gpu lint venv clean
 
 venv: $(STAMP)
 
@@ -38,3 +38,10 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) fusekit-report .pytest_cache
+
+# The tests that need a CUDA device, each file in its own process: the interpreted Triton
+# tests set TRITON_INTERPRET for their whole process. On a machine with its own torch and
+# Triton: `make test-gpu PY=python3`.
+test-gpu:
+	for f in $$(grep -rl "mark.gpu" tests); do $(PY) -m pytest -q -m gpu $$f || exit 1; done
+

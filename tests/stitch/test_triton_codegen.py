@@ -1,5 +1,6 @@
 """The Triton backend (stitch/codegen/triton.py) against the interpreter reference, per group, on
-the CPU under Triton's interpreter (small shapes: the interpreter is slow); on CUDA with ``gpu``."""
+the CPU under Triton's interpreter (small shapes: the interpreter is slow). The compiled kernels
+on CUDA: tests/stitch/test_triton_cuda.py."""
 
 import os
 
@@ -19,7 +20,7 @@ from fusekit.stitch.codegen.triton import TritonKernel
 from fusekit.stitch.runner import Stitched, reference_group
 from fusekit.stitch.schemes import Scheme, Unfusable
 from fusekit.stitch.search import plan
-from fusekit.stitch.workloads import NAMES, load_workload
+from fusekit.stitch.workloads import load_workload
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +80,3 @@ def test_runner_with_triton_backend(target):
     stitched = Stitched(w.module, target, backend="triton")
     with torch.no_grad():
         torch.testing.assert_close(stitched(*w.args), w.module(*w.args), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
-def test_groups_match_reference_on_gpu(name, target):
-    _check_groups(name, target, device="cuda")

@@ -70,6 +70,13 @@ class _Ctx:
     extents: Mapping[str, int]
     subst: dict[str, _LT] = field(default_factory=dict)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the values live (indices and constants are made there too)."""
+        import torch
+
+        return next((v.device for v in self.values.values()), torch.device("cpu"))
+
 
 def interpret(
     graph: Graph, values: Mapping[str, torch.Tensor], *, keep_all: bool = False
@@ -176,7 +183,7 @@ def _run_op(
     summed = [rhs.vars.index(v) for v in rhs.vars if v in op.summed_vars]
     if summed:
         rhs = _LT(rhs.data.sum(dim=summed), tuple(v for v in rhs.vars if v not in op.summed_vars))
-    out = torch.zeros(shape, dtype=rhs.data.dtype)
+    out = torch.zeros(shape, dtype=rhs.data.dtype, device=rhs.data.device)
     idx = [_index(t, ctx) for t in op.out.indices]
     plain = [i for i, t in enumerate(op.out.indices) if isinstance(t, IVar)]
     other = [i for i in range(len(idx)) if i not in plain]
@@ -253,9 +260,9 @@ def _index(term: IndexTerm, ctx: _Ctx) -> _LT:
     if isinstance(term, IVar):
         if term.name in ctx.subst:
             return ctx.subst[term.name]
-        return _LT(torch.arange(ctx.extents[term.name]), (term.name,))
+        return _LT(torch.arange(ctx.extents[term.name], device=ctx.device), (term.name,))
     if isinstance(term, IConst):
-        return _LT(torch.tensor(term.value), ())
+        return _LT(torch.tensor(term.value, device=ctx.device), ())
     if isinstance(term, Access):
         lt = _read(term, ctx)
         return _LT(lt.data.long(), lt.vars)
@@ -353,7 +360,7 @@ def _eval(expr: Expr, ctx: _Ctx) -> _LT:
     if isinstance(expr, Access):
         return _read(expr, ctx)
     if isinstance(expr, Const):
-        return _LT(torch.tensor(expr.value), ())
+        return _LT(torch.tensor(expr.value, device=ctx.device), ())
     if isinstance(expr, Bin):
         fns = {"+": torch.add, "-": torch.sub, "*": torch.mul, "/": torch.div}
         return _apply(fns[expr.op], [_eval(expr.left, ctx), _eval(expr.right, ctx)])
@@ -427,7 +434,7 @@ def _einsum(lts: list[_LT], reduced: set[str], ctx: _Ctx) -> _LT:
         spec += "->" + "".join(letters[v] for v in keep)
         data = torch.einsum(spec, *(lt.data.to(dtype) for lt in tensors))
     else:
-        data = torch.tensor(1)
+        data = torch.tensor(1, device=ctx.device)
     for scalar in scalars:
         data = data * scalar
     count = fold(lambda a, b: a * b, [ctx.extents[v] for v in reduced if v not in labels], 1)
@@ -455,6 +462,6 @@ def _contract_sparse(sp: Access, rest: list[Expr], reduced: set[str], ctx: _Ctx)
     data = _align([product], (_NZ, *rest_vars))[0]
     data = data.expand(vals.shape[0], *data.shape[1:])
     shape = [ctx.extents[names[d]] for d in free_sparse] + list(data.shape[1:])
-    out = torch.zeros(shape, dtype=data.dtype)
+    out = torch.zeros(shape, dtype=data.dtype, device=data.device)
     out.index_put_(tuple(crd[d] for d in free_sparse), data, accumulate=True)
     return _LT(out, (*(names[d] for d in free_sparse), *rest_vars))

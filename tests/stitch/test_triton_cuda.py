@@ -1,0 +1,61 @@
+"""The stitched Triton kernels compiled on CUDA against the interpreter reference, per group and
+through the runner. Skipped without a CUDA device (tests/conftest.py).
+
+The kernels must be compiled, not interpreted: tests/stitch/test_triton_codegen.py sets
+``TRITON_INTERPRET=1`` for its whole process, so when it runs in the same session these tests
+skip; run this file on its own (``pytest -m gpu tests/stitch/test_triton_cuda.py``, or
+``make test-gpu``).
+"""
+
+import os
+
+import pytest
+import torch
+
+from fusekit.hw import detect
+from fusekit.ir import capture
+from fusekit.stitch.runner import Stitched, reference_group
+from fusekit.stitch.search import plan
+from fusekit.stitch.workloads import NAMES, load_workload
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def compiled_kernels():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Triton's interpreter is on in this process; run this file on its own")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_groups_match_reference(name):
+    from fusekit.stitch.codegen.triton import TritonKernel
+
+    w = load_workload(name, small=True)
+    cap = capture(w.module, w.args)
+    p = plan(cap.graph, detect())
+    env = {k: v.to("cuda") for k, v in cap.values(*w.args).items()}
+    for group in p.groups:
+        want = reference_group(p.graph, group.ops, env)
+        if group.layout is not None:
+            got = TritonKernel(p.graph, group.layout)(env)
+            for k, v in want.items():
+                torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4)  # fp32, tree sums
+        env.update(want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_runner_equals_eager(name):
+    w = load_workload(name, small=True)
+    module = w.module.to("cuda")
+    args = tuple(a.to("cuda") if isinstance(a, torch.Tensor) else a for a in w.args)
+    stitched = Stitched(module, detect(), backend="triton")
+    with torch.no_grad():
+        got, want = stitched(*args), module(*args)
+    for g, e in zip(
+        got if isinstance(got, tuple) else (got,),
+        want if isinstance(want, tuple) else (want,),
+        strict=True,
+    ):
+        assert g.device.type == "cuda"
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
