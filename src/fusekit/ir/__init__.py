@@ -13,6 +13,7 @@ and ``interpret`` share their modules' names, and a loaded submodule would shado
 from fusekit.ir.capture import Capture as Capture
 from fusekit.ir.capture import CaptureError as CaptureError
 from fusekit.ir.capture import capture as capture
+from fusekit.ir.capture import capture_graph as capture_graph
 from fusekit.ir.dot import to_dot as to_dot
 from fusekit.ir.expr import FUNCTIONS as FUNCTIONS
 from fusekit.ir.expr import Access as Access
@@ -81,6 +82,7 @@ __all__ = [
     "TensorStats",
     "Weight",
     "capture",
+    "capture_graph",
     "find_gms_chains",
     "format_expr",
     "format_graph",

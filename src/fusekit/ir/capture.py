@@ -90,7 +90,8 @@ class Capture:
     Attributes:
         graph: the IR graph; ``graph.inputs`` are the module's tensor arguments, flattened.
         constants: the value of every param (weights, buffers, constants made at capture).
-        method: ``"export"`` or ``"fx"``, the tracer that produced the graph.
+        method: ``"export"``, ``"fx"`` (the tracer that produced the graph) or ``"aten"`` (an
+            ATen graph given as it is, :func:`capture_graph`).
     """
 
     graph: Graph
@@ -176,6 +177,28 @@ def capture(
     if method != "fx":
         raise ValueError(expected("capture", "method", "'auto', 'export' or 'fx'", method))
     return _from_fx(model, args, name)
+
+
+def capture_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, name: str = "graph"
+) -> Capture:
+    """Capture an ATen-level FX graph, such as AOTAutograd hands a compiler.
+
+    Every placeholder is an input, bound to the example input at its position; ``get_attr``
+    nodes are params. The graph's outputs must all be tensors.
+
+    Raises:
+        CaptureError: as :func:`capture` (symbolic sizes, unsupported nodes, ...).
+    """
+    inputs = iter(example_inputs)
+
+    def source(node: fx.Node) -> tuple[str, Any]:
+        if node.op == "placeholder":
+            return "input", next(inputs, None)
+        return "param", fold(getattr, str(node.target).split("."), gm)
+
+    graph, constants = _walk(gm.graph, source, name)
+    return Capture(graph, constants, "aten")
 
 
 # -- tracers -----------------------------------------------------------------------------------

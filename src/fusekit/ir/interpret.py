@@ -208,6 +208,19 @@ def _run_op(
 def _run_opaque(expr: Opaque, env: Mapping[str, torch.Tensor]) -> torch.Tensor:
     import torch
 
+    result = run_opaque_call(expr, env)
+    out = result if expr.output is None else result[expr.output]
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(
+            expected(f"interpret: {expr.target}", "result", "a tensor", type(out).__name__)
+        )
+    return out
+
+
+def run_opaque_call(expr: Opaque, env: Mapping[str, torch.Tensor]) -> Any:
+    """Call an opaque op's ATen overload on ``env``'s values: its whole result (all outputs)."""
+    import torch
+
     def arg(a: OpaqueArg) -> Any:
         if isinstance(a, TensorRef):
             return env[a.name]
@@ -220,13 +233,7 @@ def _run_opaque(expr: Opaque, env: Mapping[str, torch.Tensor]) -> torch.Tensor:
     target: Any = torch.ops
     for part in expr.target.split("."):
         target = getattr(target, part)
-    result = target(*(arg(a) for a in expr.args), **{k: arg(v) for k, v in expr.kwargs})
-    out = result if expr.output is None else result[expr.output]
-    if not isinstance(out, torch.Tensor):
-        raise ValueError(
-            expected(f"interpret: {expr.target}", "result", "a tensor", type(out).__name__)
-        )
-    return out
+    return target(*(arg(a) for a in expr.args), **{k: arg(v) for k, v in expr.kwargs})
 
 
 # -- labelled tensors --------------------------------------------------------------------------

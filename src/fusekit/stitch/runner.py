@@ -25,6 +25,7 @@ torch's pool had already started without it, a warning says to set it before imp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -36,8 +37,9 @@ from fusekit.errors import expected, require
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.hw.detect import detect
 from fusekit.ir.capture import Capture, capture
+from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
-from fusekit.ir.interpret import interpret
+from fusekit.ir.interpret import interpret, run_opaque_call
 from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
@@ -68,6 +70,58 @@ class _Alone:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return interpret(self.sub, {n: values[n] for n in self.reads})
+
+
+class OpaqueCall:
+    """The ops that take the elements of one tuple-returning ATen call: the call runs once.
+
+    Capture makes one opaque op per element of a tuple result (``native_layer_norm``'s three,
+    the attention backward's three gradients); run alone, each would repeat the whole call.
+    """
+
+    def __init__(self, graph: Graph, names: Sequence[str]) -> None:
+        exprs = {name: graph.op(name).expr for name in names}
+        first = next(iter(exprs.values()))
+        assert isinstance(first, Opaque)
+        self.call = dataclasses.replace(first, output=None)
+        self.outputs = {name: e.output for name, e in exprs.items() if isinstance(e, Opaque)}
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every sibling's output from one call."""
+        result = run_opaque_call(self.call, values)
+        return {name: result[k] for name, k in self.outputs.items()}
+
+
+def _call_key(graph: Graph, group: Candidate) -> Opaque | None:
+    """The shared call of a group that is one element of a tuple-returning opaque op."""
+    if group.layout is not None or len(group.ops) != 1:
+        return None
+    expr = graph.op(next(iter(group.ops))).expr
+    if not isinstance(expr, Opaque) or expr.output is None:
+        return None
+    return dataclasses.replace(expr, output=None)
+
+
+def _kernels(
+    graph: Graph, groups: Sequence[Candidate], backend: str
+) -> list[Callable[..., dict[str, Any]]]:
+    """One kernel per group, in plan order; siblings of one opaque call share one kernel."""
+    siblings: dict[Opaque, list[str]] = {}
+    for group in groups:
+        key = _call_key(graph, group)
+        if key is not None:
+            siblings.setdefault(key, []).append(next(iter(group.ops)))
+    kernels: list[Callable[..., dict[str, Any]]] = []
+    done: set[Opaque] = set()
+    for group in groups:
+        key = _call_key(graph, group)
+        if key is not None and len(siblings[key]) > 1:
+            if key not in done:  # the first sibling in plan order runs the call for all
+                done.add(key)
+                kernels.append(OpaqueCall(graph, siblings[key]))
+            continue
+        kernels.append(_kernel(graph, group, backend))
+    return kernels
 
 
 #: When :class:`TimedChoice` chooses: rounds, each timing every implementation ``TUNE_REPEATS``
@@ -159,7 +213,7 @@ class PlannedGraph:
                 "threads slow the stitched kernels on small machines: set "
                 "OMP_WAIT_POLICY=PASSIVE before importing torch"
             )
-        self.kernels = [_kernel(self.graph, g, backend) for g in plan.groups]
+        self.kernels = _kernels(self.graph, plan.groups, backend)
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
@@ -216,6 +270,12 @@ class Stitched:
             p = plan(cap.graph, self.target, method=self.method, time_limit_s=self.time_limit_s)
             self.compiled[key] = (cap, PlannedGraph(p, cap.constants, self.backend))
         return self.compiled[key]
+
+    def __str__(self) -> str:
+        """The plan of every shape signature compiled so far."""
+        if not self.compiled:
+            return f"Stitched({type(self.model).__name__}): not planned yet (call it once)"
+        return "\n".join(planned.plan.describe() for _, planned in self.compiled.values())
 
     def __call__(self, *args: Any) -> Any:
         """The model's outputs (one tensor, or a tuple as the graph returns several)."""

@@ -63,6 +63,19 @@ class Plan:
         """Kernels the plan launches."""
         return len(self.groups)
 
+    def describe(self) -> str:
+        """The plan in a few lines: totals, then one line per kernel (scheme, ops)."""
+        lines = [
+            f"{self.graph.name}: {len(self.graph.ops)} ops -> {self.kernels} kernels, predicted "
+            f"{self.objective_s * 1e6:.1f} us (every op alone {self.unfused_s * 1e6:.1f} us)"
+        ]
+        for k, g in enumerate(self.groups):
+            scheme = g.layout.scheme.value if g.layout is not None else "alone"
+            ops = sorted(g.ops)
+            names = ", ".join(ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
+            lines.append(f"  {k:3d} {scheme:8s} {names}")
+        return "\n".join(lines)
+
 
 def _order(graph: Graph, groups: list[Candidate]) -> tuple[Candidate, ...]:
     """Groups in the order of their first op in the graph's topological order (acyclic plan)."""
