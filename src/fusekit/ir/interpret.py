@@ -20,7 +20,7 @@ Every result is stored in its tensor's dtype and checked against its declared sh
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import TYPE_CHECKING, Any
@@ -219,21 +219,35 @@ def _run_opaque(expr: Opaque, env: Mapping[str, torch.Tensor]) -> torch.Tensor:
 
 def run_opaque_call(expr: Opaque, env: Mapping[str, torch.Tensor]) -> Any:
     """Call an opaque op's ATen overload on ``env``'s values: its whole result (all outputs)."""
+    return opaque_call(expr)(env)
+
+
+def opaque_call(expr: Opaque) -> Callable[[Mapping[str, torch.Tensor]], Any]:
+    """An opaque op's ATen overload, resolved once, as a function of the values by name."""
     import torch
 
-    def arg(a: OpaqueArg) -> Any:
+    def arg(a: OpaqueArg) -> Callable[[Mapping[str, torch.Tensor]], Any]:
         if isinstance(a, TensorRef):
-            return env[a.name]
+            name = a.name
+            return lambda env: env[name]
         if isinstance(a, DTypeRef):
-            return getattr(torch, a.name)
+            dtype = getattr(torch, a.name)
+            return lambda env: dtype
         if isinstance(a, tuple):
-            return [arg(x) for x in a]
-        return a
+            parts = [arg(x) for x in a]
+            return lambda env: [p(env) for p in parts]
+        return lambda env: a
 
     target: Any = torch.ops
     for part in expr.target.split("."):
         target = getattr(target, part)
-    return target(*(arg(a) for a in expr.args), **{k: arg(v) for k, v in expr.kwargs})
+    args = [arg(a) for a in expr.args]
+    kwargs = {k: arg(v) for k, v in expr.kwargs}
+
+    def call(env: Mapping[str, torch.Tensor]) -> Any:
+        return target(*(a(env) for a in args), **{k: v(env) for k, v in kwargs.items()})
+
+    return call
 
 
 # -- labelled tensors --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from fusekit.hw.detect import detect
 from fusekit.ir.capture import Capture, capture
 from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
-from fusekit.ir.interpret import interpret, run_opaque_call
+from fusekit.ir.interpret import interpret, opaque_call
 from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
@@ -62,7 +62,7 @@ def reference_group(
 
 
 class _Alone:
-    """An op (or unstitched group) run by the interpreter."""
+    """An IR op (or unstitched group) run by the interpreter (opaque ops: :class:`OpaqueCall`)."""
 
     def __init__(self, graph: Graph, group: Candidate) -> None:
         self.sub = graph.subgraph(group.ops)
@@ -73,23 +73,24 @@ class _Alone:
 
 
 class OpaqueCall:
-    """The ops that take the elements of one tuple-returning ATen call: the call runs once.
+    """Opaque ops run by their ATen call, as eager runs them, never through the interpreter.
 
     Capture makes one opaque op per element of a tuple result (``native_layer_norm``'s three,
-    the attention backward's three gradients); run alone, each would repeat the whole call.
+    the attention backward's three gradients): given all of them (``names``), the call runs
+    once for every one.
     """
 
     def __init__(self, graph: Graph, names: Sequence[str]) -> None:
         exprs = {name: graph.op(name).expr for name in names}
         first = next(iter(exprs.values()))
         assert isinstance(first, Opaque)
-        self.call = dataclasses.replace(first, output=None)
+        self.call = opaque_call(dataclasses.replace(first, output=None))
         self.outputs = {name: e.output for name, e in exprs.items() if isinstance(e, Opaque)}
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every sibling's output from one call."""
-        result = run_opaque_call(self.call, values)
-        return {name: result[k] for name, k in self.outputs.items()}
+        result = self.call(values)
+        return {name: result if k is None else result[k] for name, k in self.outputs.items()}
 
 
 def _call_key(graph: Graph, group: Candidate) -> Opaque | None:
@@ -161,6 +162,8 @@ class TimedChoice:
 def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[str, Any]]:
     name = next(iter(group.ops)) if len(group.ops) == 1 else None  # a group of one op
     if group.layout is None:
+        if name is not None and isinstance(graph.op(name).expr, Opaque):
+            return OpaqueCall(graph, [name])
         if name is not None and classify(graph.op(name)) is OpClass.GEMM:
             try:
                 return AtenContraction(graph, name)
