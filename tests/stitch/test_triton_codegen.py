@@ -80,3 +80,22 @@ def test_runner_with_triton_backend(target):
     stitched = Stitched(w.module, target, backend="triton")
     with torch.no_grad():
         torch.testing.assert_close(stitched(*w.args), w.module(*w.args), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("power", [2.0, 3.0, 1.5, -0.5, 0.0])
+def test_pow_matches_torch_for_every_sign_and_exponent(power, target):
+    class Pow(torch.nn.Module):
+        def forward(self, x):
+            return (x.pow(power) + 1.0).sum(-1)
+
+    x = torch.tensor([[-2.0, -1.0, 0.0, 0.5, 3.0, 1e-3, -0.25, 7.0]] * 4)
+    cap = capture(Pow(), (x,))
+    p = plan(cap.graph, target)
+    env = dict(cap.values(x))
+    for group in p.groups:
+        want = reference_group(p.graph, group.ops, env)
+        if group.layout is not None:
+            got = TritonKernel(p.graph, group.layout)(env)
+            for k, v in want.items():
+                torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
+        env.update(want)

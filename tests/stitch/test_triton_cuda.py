@@ -59,3 +59,21 @@ def test_runner_equals_eager(name):
     ):
         assert g.device.type == "cuda"
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_the_torch_compile_backend_trains_on_cuda():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).cuda()
+    x = torch.randn(16, 32, device="cuda")
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend="fusekit")(x).square().mean()
+    loss.backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(x).square().mean()
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)

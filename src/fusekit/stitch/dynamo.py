@@ -39,7 +39,7 @@ import torch
 from fusekit.errors import FusekitError, expected
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import capture_graph
-from fusekit.stitch.runner import PlannedGraph
+from fusekit.stitch.runner import PlannedGraph, on_device
 from fusekit.stitch.search import Plan, plan
 
 log = logging.getLogger(__name__)
@@ -189,9 +189,9 @@ class StitchedGraph:
             output = next(n for n in gm.graph.nodes if n.op == "output")
             output.args = (tuple(n for n in output.args[0] if isinstance(n, torch.fx.Node)),)
             gm.recompile()
-        cap = capture_graph(gm, inputs, name="aot")
         device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
         device = device or torch.device("cpu")
+        cap = on_device(capture_graph(gm, inputs, name="aot"), device)
         target = self.compiler.target_for(device)
         p = plan(cap.graph, target, method=self.compiler.method,
                  time_limit_s=self.compiler.time_limit_s)  # fmt: skip

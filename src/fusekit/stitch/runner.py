@@ -195,6 +195,13 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
     return kernel
 
 
+def on_device(cap: Capture, device: torch.device) -> Capture:
+    """``cap`` with every param on ``device`` (capture makes constants of literals on the CPU)."""
+    if all(v.device == device for v in cap.constants.values()):
+        return cap
+    return dataclasses.replace(cap, constants={k: v.to(device) for k, v in cap.constants.items()})
+
+
 class PlannedGraph:
     """A graph with its plan, compiled: call it with a value for every input.
 
@@ -269,7 +276,9 @@ class Stitched:
         """Capture and plan for the shapes of ``args`` (memoised per shape signature)."""
         key = tuple((a.shape, a.dtype) if hasattr(a, "shape") else repr(a) for a in args)
         if key not in self.compiled:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             cap = capture(self.model, args)
+            cap = cap if device is None else on_device(cap, device)
             p = plan(cap.graph, self.target, method=self.method, time_limit_s=self.time_limit_s)
             self.compiled[key] = (cap, PlannedGraph(p, cap.constants, self.backend))
         return self.compiled[key]

@@ -118,6 +118,9 @@ class Renderer:
             return f"({left} {e.op} {right})"
         if isinstance(e, Call):
             args = [self.expr(op, a, reader_stage) for a in e.args]
+            power = e.args[1] if e.fn == "pow" else None
+            if isinstance(power, Const) and power.value in (1, 2, 3):  # x ** 2: exact products
+                return "(" + " * ".join([args[0]] * int(power.value)) + ")"
             return "(" + self.dialect.functions[e.fn].format(*args) + ")"
         if isinstance(e, Reduce):
             return self.reduce_names[id(e)]

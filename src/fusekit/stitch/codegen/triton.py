@@ -45,6 +45,15 @@ MAX_BLOCK_Q = 8192
 #: Elements of one program's tile (rows x columns) when rows are short.
 TILE = 4096
 
+def _pow(x: str, y: str) -> str:
+    return (
+        f"tl.where({x} == 0.0, tl.where({y} == 0.0, 1.0, tl.where({y} > 0.0, 0.0, "
+        f"float('inf'))), tl.where({x} < 0.0, tl.where(tl.floor({y}) != {y}, float('nan'), "
+        f"tl.exp({y} * tl.log(-{x})) * tl.where({y} - 2.0 * tl.floor({y} * 0.5) == 1.0, -1.0, "
+        f"1.0)), tl.exp({y} * tl.log({x}))))"
+    )
+
+
 _FUNCTIONS = {
     "exp": "tl.exp({0})", "log": "tl.log({0})", "log1p": "tl.log(1.0 + {0})",
     "expm1": "(tl.exp({0}) - 1.0)", "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",
@@ -61,6 +70,10 @@ _FUNCTIONS = {
     "gt": "({0} > {1})", "ge": "({0} >= {1})", "and": "({0} & {1})", "or": "({0} | {1})",
     "floordiv": "tl.floor({0} / {1})", "mod": "({0} - {1} * tl.floor({0} / {1}))",
     "where": "tl.where({0}, {1}, {2})",
+    # x ** y as exp(y log|x|), signed for a negative x and an odd integer y, NaN for a negative
+    # x and a fractional y, and the limits at x = 0 (libdevice's pow has no interpreter form);
+    # y is broadcast to x's shape first, so that a constant exponent is a tensor too
+    "pow": _pow("{0}", "tl.where({0} == {0}, {1}, {1})"),
 }  # fmt: skip
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "tl.maximum({a}, {b})",
             "min": "tl.minimum({a}, {b})"}  # fmt: skip
