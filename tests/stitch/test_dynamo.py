@@ -8,20 +8,22 @@ import fusekit.stitch.dynamo as dynamo
 
 
 class Block(torch.nn.Module):
-    """Linear -> LayerNorm -> GELU -> Linear -> cross-entropy, with an optional graph break."""
+    """Linear -> LayerNorm -> GELU -> dropout -> Linear -> dropout -> cross-entropy, with an
+    optional graph break; the dropouts draw from torch's generator in training."""
 
     def __init__(self, graph_break: bool = False) -> None:
         super().__init__()
         self.a = torch.nn.Linear(32, 64)
         self.norm = torch.nn.LayerNorm(64)
         self.b = torch.nn.Linear(64, 8)
+        self.drop = torch.nn.Dropout(0.2)
         self.graph_break = graph_break
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.gelu(self.norm(self.a(x)))
+        h = self.drop(torch.nn.functional.gelu(self.norm(self.a(x))))
         if self.graph_break:
             torch._dynamo.graph_break()
-        return torch.nn.functional.cross_entropy(self.b(h), y)
+        return torch.nn.functional.cross_entropy(self.drop(self.b(h)), y)
 
 
 @pytest.fixture
@@ -59,10 +61,12 @@ def test_training_equals_eager_forward_and_backward(compiled_graphs, graph_break
     compiled = torch.compile(model, backend="fusekit")
     for rows in (16, 24):  # a new size: dynamo recompiles with symbolic sizes, planned per shape
         x, y = torch.randn(rows, 32), torch.randint(0, 8, (rows,))
+        torch.manual_seed(rows)  # the same dropout masks as eager: torch's RNG order
         loss = compiled(x, y)
         loss.backward()
         got = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
+        torch.manual_seed(rows)
         want_loss = model(x, y)
         want_loss.backward()
         torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)

@@ -167,7 +167,7 @@ class StitchedGraph:
             if not static:  # a static ATen graph for these sizes
                 from torch.fx.experimental.proxy_tensor import make_fx
 
-                gm = make_fx(self.gm, tracing_mode="real")(*inputs)
+                gm = make_fx(self.gm, tracing_mode="fake")(*inputs)  # runs nothing: no RNG drawn
             planned = self._plan(gm, inputs)
         except (FusekitError, ValueError, NotImplementedError, RuntimeError) as e:
             log.info("fusekit backend: %s runs as eager: %s", self.gm.__class__.__name__, e)

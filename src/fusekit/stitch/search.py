@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
 from fusekit.search.ilp import solve_partition
 from fusekit.stitch.candidates import Candidate, enumerate_candidates
@@ -77,15 +78,35 @@ class Plan:
         return "\n".join(lines)
 
 
+#: Substrings of the ATen ops that draw from torch's random generator.
+RANDOM = ("rand", "bernoulli", "normal", "dropout", "multinomial", "exponential", "uniform")
+
+
+def random_ops(graph: Graph) -> list[str]:
+    """The opaque ops that draw random numbers, in program order."""
+    return [
+        op.name
+        for op in graph.ops
+        if isinstance(op.expr, Opaque) and any(r in op.expr.target for r in RANDOM)
+    ]
+
+
 def _order(graph: Graph, groups: list[Candidate]) -> tuple[Candidate, ...]:
-    """Groups in the order of their first op in the graph's topological order (acyclic plan)."""
+    """Groups in the order of their first op in the graph's topological order (acyclic plan).
+
+    Ops that draw random numbers run in program order, so that a seeded generator gives the
+    numbers eager gives (torch's RNG semantics): each waits for the ones before it.
+    """
     position = {name: i for i, name in enumerate(graph.topological_order())}
+    drawn = random_ops(graph)
+    earlier = {name: set(drawn[:i]) for i, name in enumerate(drawn)}
     remaining = list(groups)
     done: set[str] = set()
     ordered: list[Candidate] = []
     while remaining:
         for g in sorted(remaining, key=lambda c: min(position[o] for o in c.ops)):
             needs = {p for o in g.ops for p in graph.predecessors(o)} - g.ops
+            needs |= {p for o in g.ops for p in earlier.get(o, ())} - g.ops
             if needs <= done:
                 ordered.append(g)
                 done |= g.ops
