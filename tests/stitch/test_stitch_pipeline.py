@@ -174,3 +174,15 @@ def test_kernel_inputs_non_contiguous_or_foreign(target):
     values[kernel.layout.inputs[0]] = values[kernel.layout.inputs[0]].double()
     with pytest.raises(ValueError, match="float32 CPU tensor"):
         kernel(values)
+
+
+def test_ops_that_share_no_loops_are_not_one_kernel():
+    # two unrelated elementwise ops side by side would iterate the product of their spaces
+    class Apart(torch.nn.Module):
+        def forward(self, a, b):
+            return a.exp() * 2.0, b.sin() + 1.0
+
+    cap = capture(Apart(), (torch.randn(64, 32), torch.randn(16, 8)))
+    ops = [op.name for op in cap.graph.ops]
+    with pytest.raises(Unfusable, match="share no loops"):
+        analyze(cap.graph, ops)

@@ -298,6 +298,15 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
             dim_of_root[root] = len(root_extent)
             root_extent.append(size)
             root_order.append(root)
+    touched = set(produced) | {
+        n.tensor for op in computed for n in walk(exprs[op.name]) if isinstance(n, Access)
+    }
+    largest = max(_numel(shapes[t]) for t in touched)
+    if _numel(tuple(root_extent)) > largest:  # loops of unrelated ops side by side: a product
+        raise Unfusable(
+            f"an iteration space of {_numel(tuple(root_extent)):,} points, more than its "
+            f"largest tensor ({largest:,}): the ops share no loops"
+        )
     rank = _storage_rank(root_order, classes, shapes)
     perm = sorted(range(len(root_order)), key=lambda i: rank[i])
     new_index = {old: new for new, old in enumerate(perm)}
