@@ -45,6 +45,7 @@ MAX_BLOCK_Q = 8192
 #: Elements of one program's tile (rows x columns) when rows are short.
 TILE = 4096
 
+
 def _pow(x: str, y: str) -> str:
     return (
         f"tl.where({x} == 0.0, tl.where({y} == 0.0, 1.0, tl.where({y} > 0.0, 0.0, "
@@ -343,7 +344,10 @@ class TritonKernel:
         if self.module is None:
             self.module = load_generated(self.source, "t")
         ins = [values[t].contiguous() for t in self.layout.inputs]
-        device = ins[0].device if ins else torch.device("cuda")
+        on_gpu = [x.device for x in ins if x.device.type != "cpu"]
+        device = on_gpu[0] if on_gpu else ins[0].device if ins else torch.device("cuda")
+        # a CPU scalar beside CUDA tensors (eager allows it: a 0-dim operand) moves over
+        ins = [x if x.device == device else x.to(device) for x in ins]
         outs = {
             t: torch.empty(self.shapes[t], dtype=getattr(torch, self.dtypes[t]), device=device)
             for t in self.layout.outputs
