@@ -1,0 +1,467 @@
+"""Captured memory-bound subgraphs and whole HF models: eager, torch.compile and fusekit (CPU).
+
+Three contenders: eager, ``torch.compile`` (Inductor) and ``torch.compile(backend="fusekit")``.
+
+Models (random weights, float32, small but realistic: 4 layers, hidden 512 or 384): Llama-style
+(RMSNorm, SwiGLU, rotary), GPT-2, BERT (masked LM), T5 (encoder-decoder, relative position bias)
+and ViT (image classification). Dropout is off (the backend does not yet follow torch's RNG order
+in training).
+
+Parts:
+
+* ``subgraphs``: each model's forward and backward graphs as AOTAutograd hands them to a backend
+  (the decompositions of :func:`fusekit.stitch.dynamo.decompositions`), cut at every
+  contraction, attention, embedding or other heavy ATen call into maximal connected regions of
+  the rest: the memory-bound subgraphs, captured, not written by hand. Regions that repeat
+  (one per layer) are timed once (``count`` says how often the model runs it); regions of fewer
+  than two non-view ops are left out. Each region is an FX GraphModule on the values the model
+  computed, timed eager, ``torch.compile`` (Inductor) and ``torch.compile(backend="fusekit")``,
+  both checked against eager first.
+* ``models``: each whole model's forward (eval, ``no_grad``) and training step (forward with the
+  loss, backward), the same three ways; ``compile_s`` is the first call's seconds.
+
+Times are medians of interleaved passes (``--repeats`` calls each). Writes
+``benchmarks/results/stitch_models_cpu.json`` and a plot beside it.
+
+Run: ``.venv/bin/python benchmarks/stitch_models.py [--quick] [--families gpt2,bert]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusekit.report.records import Plot, Summary, run_metadata, write_results
+from fusekit.search import time_call
+
+TITLE = (
+    "Memory-bound subgraphs captured from the forward and backward of five HF model families, "
+    "and the whole models: eager, torch.compile (Inductor) and torch.compile(backend='fusekit') "
+    "on the CPU."
+)
+PLOTS = (
+    Plot(title="Captured subgraphs: fusekit over torch.compile", x="problem",
+         y="speedup_vs_compile", hue="family", where={"part": "subgraphs"}, log_y=True, ref=1.0),
+    Plot(title="Whole models: fusekit over torch.compile", x="problem", y="speedup_vs_compile",
+         hue="family", where={"part": "models"}, log_y=True, ref=1.0),
+)  # fmt: skip
+TABLES = (
+    Summary(title="Subgraphs: speedup over torch.compile and eager", rows=["family"],
+            values=["speedup_vs_compile", "speedup_vs_eager"], where={"part": "subgraphs"}),
+    Summary(title="Whole models", rows=["family", "problem"],
+            values=["eager_s", "compile_s_median", "fusekit_s", "speedup_vs_compile",
+                    "compile_first_s", "fusekit_first_s"], where={"part": "models"}),
+)  # fmt: skip
+
+#: ATen calls that cut a graph into memory-bound regions (they run as ATen in every contender).
+HEAVY = frozenset({
+    "mm", "bmm", "addmm", "baddbmm", "matmul", "convolution", "convolution_backward",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "embedding",
+    "embedding_dense_backward", "index_put", "gather", "scatter", "scatter_add", "index",
+    "_unsafe_index_put", "nll_loss_forward", "nll_loss_backward", "arange", "iota", "rand",
+    "bernoulli", "native_dropout", "full", "scalar_tensor", "empty", "zeros",
+})  # fmt: skip
+#: Ops that move no data (they do not count towards a region's size).
+VIEWS = frozenset({"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand",
+                   "unsqueeze", "squeeze", "slice", "select", "alias", "detach", "split",
+                   "as_strided", "clone"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: its name, a builder of the model, and a builder of one batch."""
+
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[], dict[str, torch.Tensor]]
+
+
+def families(quick: bool) -> list[Family]:
+    """The five model families (``quick``: 2 layers, shorter sequences)."""
+    import transformers as tf
+
+    layers, seq, batch = (2, 64, 2) if quick else (4, 128, 4)
+    gen = torch.Generator().manual_seed(0)
+
+    def tokens(vocab: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (batch, seq), generator=gen)
+
+    return [
+        Family("llama", lambda: tf.LlamaForCausalLM(tf.LlamaConfig(
+            hidden_size=512, intermediate_size=1376, num_hidden_layers=layers,
+            num_attention_heads=8, num_key_value_heads=8, vocab_size=8000,
+            max_position_embeddings=512)),
+            lambda: {"input_ids": (t := tokens(8000)), "labels": t}),
+        Family("gpt2", lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
+            n_embd=512, n_layer=layers, n_head=8, vocab_size=8000, n_positions=512,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+            lambda: {"input_ids": (t := tokens(8000)), "labels": t}),
+        Family("bert", lambda: tf.BertForMaskedLM(tf.BertConfig(
+            hidden_size=512, num_hidden_layers=layers, num_attention_heads=8,
+            intermediate_size=2048, vocab_size=8000, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0)),
+            lambda: {"input_ids": (t := tokens(8000)), "labels": t}),
+        Family("t5", lambda: tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=512, d_ff=2048, d_kv=64, num_layers=layers, num_decoder_layers=layers,
+            num_heads=8, vocab_size=8000, dropout_rate=0.0)),
+            lambda: {"input_ids": tokens(8000), "labels": tokens(8000)}),
+        Family("vit", lambda: tf.ViTForImageClassification(tf.ViTConfig(
+            hidden_size=384, num_hidden_layers=layers, num_attention_heads=6,
+            intermediate_size=1536, image_size=64 if quick else 96, patch_size=8,
+            num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+            lambda: {"pixel_values": torch.randn(batch * 2, 3, 64 if quick else 96,
+                                                 64 if quick else 96, generator=gen),
+                     "labels": torch.randint(0, 10, (batch * 2,), generator=gen)}),
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- capture of the ATen graphs
+
+
+def aten_graphs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
+    """The forward and backward ATen graphs of one training step, with every node's value."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fusekit.stitch.dynamo import decompositions
+
+    graphs: list[tuple[str, Any]] = []
+
+    def recorder(kind: str) -> Callable[..., Any]:
+        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            def run(*args: Any) -> Any:
+                if not any(g is gm for _, (g, _v) in graphs):
+                    values: dict[torch.fx.Node, Any] = {}
+
+                    class Recording(torch.fx.Interpreter):
+                        def run_node(self, n: torch.fx.Node) -> Any:
+                            values[n] = out = super().run_node(n)
+                            return out
+
+                    out = Recording(gm).run(*args)
+                    graphs.append((kind, (gm, values)))
+                    return out
+                return gm(*args)
+
+            return run
+
+        return compiler
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"),
+                           decompositions=decompositions)  # fmt: skip
+    compiled = torch.compile(model, backend=backend)
+    compiled(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    return graphs
+
+
+def _packet(node: torch.fx.Node) -> str:
+    target = node.target
+    name = getattr(getattr(target, "_overloadpacket", None), "__name__", "")
+    return str(name)
+
+
+def regions(gm: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
+    """Maximal connected sets of light (not heavy, tensor-valued) call nodes, in graph order."""
+    import operator
+
+    light = [
+        n for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem
+        and _packet(n) not in HEAVY and isinstance(n.meta.get("val"), torch.Tensor)
+    ]  # fmt: skip
+    parent = {n: n for n in light}
+
+    def find(n: torch.fx.Node) -> torch.fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in light:
+        for m in n.all_input_nodes:
+            if m in parent:
+                parent[find(m)] = find(n)
+    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in light:
+        groups.setdefault(find(n), []).append(n)
+    return [g for g in groups.values() if sum(_packet(n) not in VIEWS for n in g) >= 2]
+
+
+def region_module(
+    nodes: list[torch.fx.Node], values: dict[torch.fx.Node, Any]
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor], str]:
+    """A region as a GraphModule, its example inputs, and a key that names its structure."""
+    inside = set(nodes)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    inputs: list[torch.Tensor] = []
+
+    def arg(m: torch.fx.Node) -> torch.fx.Node:
+        if m not in env:
+            env[m] = graph.placeholder(f"in{len(inputs)}")
+            inputs.append(values[m])
+        return env[m]
+
+    for n in nodes:
+        env[n] = graph.node_copy(n, arg)
+    outs = [n for n in nodes if any(u not in inside for u in n.users)]
+    graph.output(tuple(env[n] for n in outs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    key = gm.code + repr([(tuple(x.shape), x.dtype) for x in inputs])
+    return gm, inputs, key
+
+
+# ---------------------------------------------------------------- timing
+
+
+#: The device the models run on (``--device``).
+DEVICE = torch.device("cpu")
+
+
+def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` followed by a device synchronisation on CUDA (host timers then time the work)."""
+    if DEVICE.type != "cuda":
+        return fn
+
+    def run() -> Any:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def time_three(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds per contender over three interleaved passes."""
+    fns = {k: synced(fn) for k, fn in fns.items()}
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(3):
+        for name, fn in fns.items():
+            samples[name].append(time_call(fn, repeats=repeats, min_total_s=0.1).median_s)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def first_call_s(fn: Callable[[], Any]) -> float:
+    """Seconds of the first call (compilation included)."""
+    start = time.perf_counter()
+    synced(fn)()
+    return time.perf_counter() - start
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, list | tuple):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def relative_error(got: Any, want: Any) -> float:
+    """Largest ``|got - want|`` over the largest finite ``|want|``.
+
+    Equal values (the infinities of a mask, NaN where both are NaN) count as no error.
+    """
+    errs = []
+    for g, w in zip(_tensors(got), _tensors(want), strict=True):
+        if not (w.numel() and w.is_floating_point()):
+            continue
+        g, w = g.double(), w.double()
+        same = (g == w) | (g.isnan() & w.isnan())
+        diff = torch.where(same, 0.0, (g - w).abs())
+        scale = torch.where(w.isfinite(), w.abs(), 0.0).max().clamp_min(1e-30)
+        errs.append(float(diff.max() / scale))
+    return max(errs, default=0.0)
+
+
+def subgraph_part(family: Family, repeats: int, limit: int) -> list[dict[str, Any]]:
+    """Every distinct memory-bound region of one model's forward and backward."""
+    torch.manual_seed(0)
+    model = family.build().to(DEVICE).train()
+    graphs = aten_graphs(model, {k: v.to(DEVICE) for k, v in family.inputs().items()})
+    seen: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    for kind, (gm, values) in graphs:
+        for nodes in regions(gm):
+            region, inputs, key = region_module(nodes, values)
+            if key in seen:
+                seen[key]["count"] += 1
+                continue
+            if sum(r["graph"] == kind for r in rows) >= limit:
+                continue
+            ops = [_packet(n) for n in nodes if _packet(n) not in VIEWS]
+            name = f"{family.name} {kind} {sum(r['graph'] == kind for r in rows)}"
+            row: dict[str, Any] = {"part": "subgraphs", "family": family.name, "problem": name,
+                                   "graph": kind, "ops": len(ops), "op_names": " ".join(ops),
+                                   "count": 1}  # fmt: skip
+            seen[key] = row
+            try:
+                row.update(time_region(region, inputs, repeats))
+            except Exception as e:
+                traceback.print_exc()
+                row["error"] = repr(e)[:300]
+            rows.append(row)
+            print(f"  {name} ({len(ops)} ops): "
+                  + (f"vs compile x{row['speedup_vs_compile']:.2f}, vs eager "
+                     f"x{row['speedup_vs_eager']:.2f}" if "error" not in row
+                     else row["error"][:100]), flush=True)  # fmt: skip
+    return rows
+
+
+def time_region(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], repeats: int) -> dict:
+    """One region three ways: errors against eager, medians, speedups, first-call seconds."""
+    with torch.no_grad():
+        want = gm(*inputs)
+        torch._dynamo.reset()
+        inductor = torch.compile(gm)
+        fusekit = torch.compile(gm, backend="fusekit")
+        first = {"compile": first_call_s(lambda: inductor(*inputs)),
+                 "fusekit": first_call_s(lambda: fusekit(*inputs))}  # fmt: skip
+        errors = {"compile": relative_error(inductor(*inputs), want),
+                  "fusekit": relative_error(fusekit(*inputs), want)}  # fmt: skip
+        times = time_three({"eager": lambda: gm(*inputs), "compile": lambda: inductor(*inputs),
+                            "fusekit": lambda: fusekit(*inputs)}, repeats)  # fmt: skip
+    return {
+        "eager_s": times["eager"], "compile_s_median": times["compile"],
+        "fusekit_s": times["fusekit"],
+        "speedup_vs_compile": times["compile"] / times["fusekit"],
+        "speedup_vs_eager": times["eager"] / times["fusekit"],
+        "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
+        "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
+    }  # fmt: skip
+
+
+def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
+    """The whole model's forward and training step three ways."""
+    rows = []
+    for study in ("forward", "training step"):
+        torch.manual_seed(0)
+        model = family.build().to(DEVICE)
+        inputs = {k: v.to(DEVICE) for k, v in family.inputs().items()}
+        training = study == "training step"
+        model.train(training)
+
+        def step(m: Callable[..., Any], model: Any = model, inputs: Any = inputs,
+                 training: bool = training) -> Callable[[], Any]:  # fmt: skip
+            def run() -> Any:
+                if training:
+                    loss = m(**inputs).loss
+                    loss.backward()
+                    model.zero_grad(set_to_none=True)
+                    return loss.detach()
+                with torch.no_grad():
+                    return m(**inputs).logits
+
+            return run
+
+        torch._dynamo.reset()
+        fns = {"eager": step(model), "compile": step(torch.compile(model)),
+               "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
+        want = fns["eager"]()
+        first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
+        errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
+        times = time_three(fns, repeats)
+        row = {
+            "part": "models", "family": family.name, "problem": f"{family.name} {study}",
+            "eager_s": times["eager"], "compile_s_median": times["compile"],
+            "fusekit_s": times["fusekit"],
+            "speedup_vs_compile": times["compile"] / times["fusekit"],
+            "speedup_vs_eager": times["eager"] / times["fusekit"],
+            "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
+            "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
+        }  # fmt: skip
+        print(f"  {row['problem']}: eager {times['eager'] * 1e3:.1f} ms, compile "
+              f"{times['compile'] * 1e3:.1f} ms, fusekit {times['fusekit'] * 1e3:.1f} ms; "
+              f"first call {first['compile']:.1f} s / {first['fusekit']:.1f} s",
+              flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """A record with non-finite numbers (a NaN output's error) named in ``error`` instead."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return record
+    kept = {k: v for k, v in record.items() if k not in bad}
+    return {**kept, "error": f"{', '.join(bad)}: not finite (NaN or inf in the output)"}
+
+
+def write(path: Path, records: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    """The results file, with the summary numbers over the subgraphs timed so far."""
+    records = [_finite(r) for r in records]
+    timed = [r for r in records if r["part"] == "subgraphs" and "speedup_vs_compile" in r
+             and "error" not in r]  # fmt: skip
+    settings = {
+        **settings,
+        "geomean_vs_compile": _geomean([r["speedup_vs_compile"] for r in timed]),
+        "min_vs_compile": min((r["speedup_vs_compile"] for r in timed), default=float("nan")),
+        "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in timed]),
+        "subgraphs": len(timed),
+    }
+    print({k: v for k, v in settings.items() if k != "families"}, flush=True)
+    parts = {r["part"] for r in records if "speedup_vs_compile" in r}
+    write_results(path, benchmark="stitch_models", title=TITLE, meta=run_metadata(),
+                  records=records, settings=settings,
+                  plots=tuple(p for p in PLOTS if p.where["part"] in parts),
+                  tables=tuple(t for t in TABLES if t.where["part"] in parts))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default="llama,gpt2,bert,t5,vit")
+    parser.add_argument("--parts", default="subgraphs,models")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=5,
+        help="distinct regions per model and graph (forward, backward)",
+    )
+    parser.add_argument("--quick", action="store_true", help="2 layers, short sequences")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results"
+                        / "stitch_models_cpu.json")  # fmt: skip
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    torch.set_num_threads(os.cpu_count() or 1)
+    wanted = args.families.split(",")
+    records: list[dict[str, Any]] = []
+    for family in (f for f in families(args.quick) if f.name in wanted):
+        print(f"== {family.name}", flush=True)
+        if "subgraphs" in args.parts:
+            records += subgraph_part(family, args.repeats, args.limit)
+        if "models" in args.parts:
+            try:
+                records += model_part(family, args.repeats)
+            except Exception as e:
+                traceback.print_exc()
+                records.append({"part": "models", "family": family.name, "error": repr(e)[:300]})
+        write(args.out, records, {"families": wanted, "repeats": args.repeats,
+                                  "quick": args.quick, "device": str(DEVICE)})  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
