@@ -186,3 +186,38 @@ def test_ops_that_share_no_loops_are_not_one_kernel():
     ops = [op.name for op in cap.graph.ops]
     with pytest.raises(Unfusable, match="share no loops"):
         analyze(cap.graph, ops)
+
+
+def test_a_chain_that_ends_in_views_is_still_one_kernel():
+    # a SwiGLU backward as AOTAutograd hands it over: the chain's result is reshaped and
+    # transposed for the next GEMM; the views must not keep the chain from fusing
+    class Chain(torch.nn.Module):
+        def forward(self, g, up, x):
+            s = torch.sigmoid(x)
+            out = (g * up) * s * (x * (1 - s) + 1)
+            return out.view(-1, out.shape[-1]).t()
+
+    args = tuple(torch.randn(2, 8, 16) for _ in range(3))
+    cap = capture(Chain(), args)
+    p = plan(cap.graph, detect())
+    computed = [g for g in p.groups if any(not cap.graph.op(o).is_layout for o in g.ops)]
+    assert len(computed) == 1, p.describe()
+
+
+def test_a_view_and_its_transpose_both_returned_are_views_not_copies():
+    from fusekit.stitch.alone import LayoutViews
+
+    class Both(torch.nn.Module):
+        def forward(self, x):
+            v = (x * 2.0).view(-1, x.shape[-1])
+            return v, v.t()
+
+    x = torch.randn(2, 8, 16)
+    cap = capture(Both(), (x,))
+    planned = PlannedGraph(plan(cap.graph, detect()), cap.constants)
+    views = [k for k in planned.kernels if isinstance(k, LayoutViews)]
+    assert len(views) == 1
+    out = planned.run(cap.values(x))
+    v, vt = (out[n] for n in cap.graph.outputs)
+    torch.testing.assert_close(vt, (x * 2.0).view(-1, 16).t())
+    assert vt.data_ptr() == v.data_ptr() and not vt.is_contiguous()  # one buffer, no copy

@@ -26,7 +26,7 @@ import torch
 
 from fusekit.ir.expr import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.ir.graph import Graph
-from fusekit.stitch.schemes import Layout
+from fusekit.stitch.schemes import Layout, Unfusable, fold_layouts
 
 
 def _plain_vars(acc: Access) -> tuple[str, ...] | None:
@@ -231,8 +231,16 @@ class LayoutViews:
     def __init__(self, graph: Graph, layout: Layout, fallback: Any) -> None:
         self.fallback = fallback
         self.reads: dict[str, tuple[Access, tuple[str, ...], tuple[int, ...]]] = {}
+        # an output read by another output (view_43 and permute(view_43) both returned): the
+        # later one reads the group's input through the earlier one's indices
+        chained = {n: graph.op(n) for n in layout.outputs if graph.op(n).is_layout}
         for name in layout.outputs:
             expr, op = layout.exprs.get(name), graph.op(name)
+            if isinstance(expr, Access) and expr.tensor in chained:
+                try:
+                    expr = fold_layouts(expr, {k: v for k, v in chained.items() if k != name})
+                except Unfusable:
+                    expr = None
             vars_ = _plain_vars(op.out)
             if not isinstance(expr, Access) or vars_ is None or expr.tensor in layout.exprs:
                 raise ValueError(f"stitch: {name} is not a read of a group input")

@@ -101,7 +101,9 @@ def dominant_ops(graph: Graph) -> list[str]:
 
     Dominant: reductions (row or column), expensive elementwise ops whose output some consumer
     broadcasts or reduces, and the last fusable op of a chain (an op no fusable op reads, so that
-    a chain without reductions, such as bias + GELU, still gets a seed).
+    a chain without reductions, such as bias + GELU, still gets a seed), also where views follow
+    it (the last computed op: a group across a reshape may not be one kernel, the chain before
+    it is).
     """
     classes = classify_graph(graph)
     seeds = []
@@ -116,6 +118,25 @@ def dominant_ops(graph: Graph) -> list[str]:
             if any(classes[c] not in (OpClass.ELEMENTWISE, OpClass.LAYOUT) for c in consumers):
                 seeds.append(op.name)
                 continue
-        if cls in FUSABLE and not any(classes[c] in FUSABLE for c in graph.successors(op.name)):
+        if cls not in FUSABLE:
+            continue
+        last = not any(classes[c] in FUSABLE for c in graph.successors(op.name))
+        last_computed = cls is not OpClass.LAYOUT and not any(
+            classes[c] in FUSABLE for c in _through_layout(graph, classes, op.name)
+        )
+        if last or last_computed:
             seeds.append(op.name)
     return seeds
+
+
+def _through_layout(graph: Graph, classes: dict[str, OpClass], name: str) -> list[str]:
+    """The ops that consume ``name``, looking through layout ops (views of it) to their readers."""
+    found: list[str] = []
+    stack = list(graph.successors(name))
+    while stack:
+        c = stack.pop()
+        if classes[c] is OpClass.LAYOUT:
+            stack.extend(graph.successors(c))
+        else:
+            found.append(c)
+    return found
