@@ -18,3 +18,14 @@ def test_tour_writes_sections_of_existing_parts_only(tmp_path):
         assert "X[m] = max_n S[m,n]" in page
     if "networks" in parts:  # the HF model decodes the same tokens through every experts impl
         assert "same tokens" in page and "DIFFERENT tokens" not in page
+    if "stitch" in parts:  # training through torch.compile(backend="fusekit") beside eager
+        assert "AdamW steps of a small MLP block" in page
+
+
+def test_the_stitch_section_trains_as_eager_does():
+    from fusekit.report.sections.stitch import _training_rows
+
+    rows = _training_rows(seed=3, steps=3)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert max(r["difference"] for r in rows) < 1e-4
+    assert rows[0]["loss_eager"] != rows[2]["loss_eager"]  # it trained
