@@ -151,3 +151,10 @@ def test_attention_is_one_aten_call_forward_and_backward(compiled_graphs):
     for graph in compiled_graphs:
         (kernel,) = graph._static.compiled.kernels
         assert isinstance(kernel, OpaqueCall)
+
+
+def test_an_unknown_target_is_an_error_not_a_silent_fallback():
+    torch._dynamo.reset()
+    f = torch.compile(torch.nn.Linear(2, 2), backend="fusekit", options={"target": "tpu-v9"})
+    with pytest.raises(Exception, match="tpu-v9"):
+        f(torch.randn(3, 2))

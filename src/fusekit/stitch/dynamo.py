@@ -95,6 +95,8 @@ def fusekit_backend(
             )
         )
     compiler = GraphCompiler(**options)
+    if compiler.target is not None:  # a wrong target is the caller's error, not a fallback
+        compiler.target_for(torch.device("cpu"))
     aot = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decompositions)
     return aot(gm, example_inputs)
 
