@@ -221,3 +221,22 @@ def test_a_view_and_its_transpose_both_returned_are_views_not_copies():
     v, vt = (out[n] for n in cap.graph.outputs)
     torch.testing.assert_close(vt, (x * 2.0).view(-1, 16).t())
     assert vt.data_ptr() == v.data_ptr() and not vt.is_contiguous()  # one buffer, no copy
+
+
+def test_views_returned_through_a_view_that_is_not():
+    from fusekit.stitch.alone import LayoutViews
+
+    class Chain(torch.nn.Module):
+        def forward(self, x):
+            u = (x * 2.0).view(-1, 16)  # not returned: folded into the reads below
+            v = u.view(4, 4, 16)
+            return v, v.permute(2, 0, 1)
+
+    x = torch.randn(2, 8, 16)
+    cap = capture(Chain(), (x,))
+    planned = PlannedGraph(plan(cap.graph, detect()), cap.constants)
+    assert any(isinstance(k, LayoutViews) for k in planned.kernels)
+    out = planned.run(cap.values(x))
+    v, p = (out[n] for n in cap.graph.outputs)
+    torch.testing.assert_close(v, (x * 2.0).view(4, 4, 16))
+    torch.testing.assert_close(p, (x * 2.0).view(4, 4, 16).permute(2, 0, 1))

@@ -17,6 +17,7 @@ the tests compare them):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -233,7 +234,11 @@ class LayoutViews:
         self.reads: dict[str, tuple[Access, tuple[str, ...], tuple[int, ...]]] = {}
         # an output read by another output (view_43 and permute(view_43) both returned): the
         # later one reads the group's input through the earlier one's indices
-        chained = {n: graph.op(n) for n in layout.outputs if graph.op(n).is_layout}
+        chained = {
+            n: dataclasses.replace(graph.op(n), expr=layout.exprs[n])  # reads of group inputs
+            for n in layout.outputs
+            if graph.op(n).is_layout and n in layout.exprs
+        }
         for name in layout.outputs:
             expr, op = layout.exprs.get(name), graph.op(name)
             if isinstance(expr, Access) and expr.tensor in chained:
