@@ -1,3 +1,5 @@
+import pytest
+
 from fusekit.report.tour import PARTS, TourOptions, available_sections, run_tour
 
 
@@ -22,6 +24,7 @@ def test_tour_writes_sections_of_existing_parts_only(tmp_path):
         assert "AdamW steps of a small MLP block" in page
 
 
+@pytest.mark.slow  # the tour test runs the same section
 def test_the_stitch_section_trains_as_eager_does():
     from fusekit.report.sections.stitch import _training_rows
 

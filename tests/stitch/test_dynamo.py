@@ -54,7 +54,11 @@ def test_unknown_options_are_refused():
         f(torch.randn(3, 2))
 
 
-@pytest.mark.parametrize("graph_break", [False, True], ids=["one graph", "graph break"])
+@pytest.mark.parametrize(
+    "graph_break",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # two graphs: twice the compiling
+    ids=["one graph", "graph break"],
+)
 def test_training_equals_eager_forward_and_backward(compiled_graphs, graph_break):
     torch.manual_seed(0)
     model = Block(graph_break)
