@@ -324,19 +324,11 @@ def subgraph_part(family: Family, repeats: int, limit: int) -> list[dict[str, An
     return rows
 
 
-def time_region(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], repeats: int) -> dict:
-    """One region three ways: errors against eager, medians, speedups, first-call seconds."""
-    with torch.no_grad():
-        want = gm(*inputs)
-        torch._dynamo.reset()
-        inductor = torch.compile(gm)
-        fusekit = torch.compile(gm, backend="fusekit")
-        first = {"compile": first_call_s(lambda: inductor(*inputs)),
-                 "fusekit": first_call_s(lambda: fusekit(*inputs))}  # fmt: skip
-        errors = {"compile": relative_error(inductor(*inputs), want),
-                  "fusekit": relative_error(fusekit(*inputs), want)}  # fmt: skip
-        times = time_three({"eager": lambda: gm(*inputs), "compile": lambda: inductor(*inputs),
-                            "fusekit": lambda: fusekit(*inputs)}, repeats)  # fmt: skip
+def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[str, Any]:
+    """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians."""
+    first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
+    errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
+    times = time_three(fns, repeats)
     return {
         "eager_s": times["eager"], "compile_s_median": times["compile"],
         "fusekit_s": times["fusekit"],
@@ -345,6 +337,18 @@ def time_region(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], repeats: i
         "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
         "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
     }  # fmt: skip
+
+
+def time_region(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], repeats: int) -> dict:
+    """One region three ways: errors against eager, medians, speedups, first-call seconds."""
+    with torch.no_grad():
+        want = gm(*inputs)
+        torch._dynamo.reset()
+        inductor = torch.compile(gm)
+        fusekit = torch.compile(gm, backend="fusekit")
+        fns = {"eager": lambda: gm(*inputs), "compile": lambda: inductor(*inputs),
+               "fusekit": lambda: fusekit(*inputs)}  # fmt: skip
+        return compare(fns, want, repeats)
 
 
 def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
@@ -373,19 +377,12 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
         torch._dynamo.reset()
         fns = {"eager": step(model), "compile": step(torch.compile(model)),
                "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
-        want = fns["eager"]()
-        first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
-        errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
-        times = time_three(fns, repeats)
-        row = {
-            "part": "models", "family": family.name, "problem": f"{family.name} {study}",
-            "eager_s": times["eager"], "compile_s_median": times["compile"],
-            "fusekit_s": times["fusekit"],
-            "speedup_vs_compile": times["compile"] / times["fusekit"],
-            "speedup_vs_eager": times["eager"] / times["fusekit"],
-            "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
-            "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
-        }  # fmt: skip
+        row = {"part": "models", "family": family.name, "problem": f"{family.name} {study}",
+               **compare(fns, fns["eager"](), repeats)}  # fmt: skip
+        times = {k: row[f"{k}_s"] for k in ("eager", "fusekit")} | {
+            "compile": row["compile_s_median"]
+        }
+        first = {"compile": row["compile_first_s"], "fusekit": row["fusekit_first_s"]}
         print(f"  {row['problem']}: eager {times['eager'] * 1e3:.1f} ms, compile "
               f"{times['compile'] * 1e3:.1f} ms, fusekit {times['fusekit'] * 1e3:.1f} ms; "
               f"first call {first['compile']:.1f} s / {first['fusekit']:.1f} s",
