@@ -12,13 +12,13 @@ partition's quotient graph (the condition a fusion plan must meet).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fusekit.errors import expected
 from fusekit.ir.op import Op, OpKind, format_op
 from fusekit.ir.printer import format_tensor
-from fusekit.ir.tensor import Tensor
+from fusekit.ir.tensor import Dim, Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,8 @@ class Graph:
     _by_name: dict[str, Tensor] = field(init=False, repr=False, compare=False)
     _op_index: dict[str, int] = field(init=False, repr=False, compare=False)
     _consumers: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _shapes: dict[str, tuple[Dim, ...]] = field(init=False, repr=False, compare=False)
+    _extents: dict[str, dict[str, Dim]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         where = f"graph {self.name}"
@@ -65,6 +67,7 @@ class Graph:
                 raise ValueError(expected(where, op.name, "written once", "written twice"))
             written[op.name] = op
         shapes = {t.name: t.shape for t in self.tensors}
+        extents: dict[str, dict[str, Dim]] = {}
         for op in self.ops:
             for name in op.inputs:
                 if name not in written and name not in sources:
@@ -76,12 +79,14 @@ class Graph:
                             "neither",
                         )
                     )
-            op.extents(shapes)
+            extents[op.name] = op.extents(shapes)
         ops = _topological(self.ops, written, where)
         object.__setattr__(self, "tensors", tuple(self.tensors))
         object.__setattr__(self, "ops", ops)
         object.__setattr__(self, "_by_name", by_name)
         object.__setattr__(self, "_op_index", {op.name: i for i, op in enumerate(ops)})
+        object.__setattr__(self, "_shapes", shapes)
+        object.__setattr__(self, "_extents", extents)
         consumers: dict[str, list[str]] = {name: [] for name in by_name}
         for op in ops:
             for name in op.inputs:
@@ -99,6 +104,24 @@ class Graph:
             return self._by_name[name]
         except KeyError:
             raise KeyError(expected(f"graph {self.name}", "tensor", "declared", name)) from None
+
+    @property
+    def shapes(self) -> Mapping[str, tuple[Dim, ...]]:
+        """The shape of every tensor, by name (do not modify)."""
+        return self._shapes
+
+    def extents(self, name: str) -> Mapping[str, Dim]:
+        """The extent of every index variable of op ``name`` (:meth:`Op.extents`; do not modify).
+
+        Raises:
+            KeyError: if no op writes ``name``.
+        """
+        try:
+            return self._extents[name]
+        except KeyError:
+            raise KeyError(
+                expected(f"graph {self.name}", "op", "the name of an op", name)
+            ) from None
 
     def op(self, name: str) -> Op:
         """The op writing tensor ``name``.

@@ -80,6 +80,9 @@ class Op:
     expr: Expr
     accumulate: bool = False
     origin: str = field(default="", compare=False)
+    # derived on first use (an op is immutable); not part of equality or the text form
+    _kind: OpKind | None = field(default=None, init=False, repr=False, compare=False)
+    _inputs: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         where = f"op {self.out.tensor}"
@@ -116,6 +119,12 @@ class Op:
     @property
     def inputs(self) -> tuple[str, ...]:
         """The tensors the op reads, in first-read order (index tensors included)."""
+        if self._inputs is None:
+            object.__setattr__(self, "_inputs", self._find_inputs())
+        assert self._inputs is not None
+        return self._inputs
+
+    def _find_inputs(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for term in self.out.indices:
             for acc in term_accesses(term):
@@ -140,6 +149,12 @@ class Op:
     @property
     def kind(self) -> OpKind:
         """The op's kind: opaque, scatter, gather, contraction, reduce or map, in that priority."""
+        if self._kind is None:
+            object.__setattr__(self, "_kind", self._find_kind())
+        assert self._kind is not None
+        return self._kind
+
+    def _find_kind(self) -> OpKind:
         if isinstance(self.expr, Opaque):
             return OpKind.OPAQUE
         if self.out.is_indirect:

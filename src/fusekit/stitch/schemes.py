@@ -232,31 +232,32 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
     if not computed:
         raise Unfusable("only layout ops")
     exprs = {op.name: fold_layouts(op.expr, layouts) for op in computed}
-    shapes = {t.name: t.shape for t in graph.tensors}
-    extents = {op.name: op.extents(shapes) for op in computed}
+    shapes = graph.shapes
+    extents = {op.name: graph.extents(op.name) for op in computed}
     produced = {op.name for op in computed}
 
     # -- unify variables through tensors: in-group tensors must agree, inputs only help --
     uf = _UnionFind()
-    owners: dict[tuple[str, str, int | str], set[tuple[str, str, int | str]]] = {}
-
-    def key_of(x: tuple[str, str, int | str]) -> set[tuple[str, str, int | str]]:
-        return owners.setdefault(uf.find(x), {x})
+    # per class root: its members by tensor (or op) name; two members of one name in a class
+    # would index one loop with two dims of that tensor
+    owners: dict[tuple[str, str, int | str], dict[str, tuple[str, str, int | str]]] = {}
 
     def union(a: tuple[str, str, int | str], b: tuple[str, str, int | str], strict: bool) -> None:
         ra, rb = uf.find(a), uf.find(b)
         if ra == rb:
             return
-        merged = key_of(a) | key_of(b)
-        seen: dict[str, tuple[str, str, int | str]] = {}
-        for m in merged:
-            prev = seen.setdefault(m[1], m)
-            if prev != m:
+        da, db = owners.get(ra) or {ra[1]: ra}, owners.get(rb) or {rb[1]: rb}
+        if len(da) > len(db):  # the smaller class joins the larger
+            ra, rb, da, db = rb, ra, db, da
+        for name, m in da.items():
+            prev = db.get(name)
+            if prev is not None and prev != m:
                 if strict:
-                    raise Unfusable(f"{m[1]} would index one loop with two of its dims")
+                    raise Unfusable(f"{name} would index one loop with two of its dims")
                 return
+        db.update(da)
         uf.parent[ra] = rb
-        owners[rb] = merged
+        owners[rb] = db
         owners.pop(ra, None)
 
     reads: list[tuple[Op, Access]] = []

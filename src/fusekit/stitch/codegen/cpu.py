@@ -222,7 +222,7 @@ class _Emitter:
         self.lines.append("    " * depth + text)
 
     def extents_of(self, op: str, vars_: tuple[str, ...]) -> int:
-        ext = self.graph.op(op).extents({t.name: t.shape for t in self.graph.tensors})
+        ext = self.graph.extents(op)
         n = 1
         for v in vars_:
             n *= int(ext[v])

@@ -162,7 +162,7 @@ class _Emitter:
         return "".join(f" & ({self.r.index(d)} == 0)" for d in sorted(dims))
 
     def count(self, op: str, red: Reduce) -> int:
-        ext = self.graph.op(op).extents({t.name: t.shape for t in self.graph.tensors})
+        ext = self.graph.extents(op)
         return math.prod(int(ext[v]) for v in red.vars)
 
     def finish(self, depth: int, op: str, names: list[str]) -> None:
