@@ -240,3 +240,40 @@ def test_views_returned_through_a_view_that_is_not():
     v, p = (out[n] for n in cap.graph.outputs)
     torch.testing.assert_close(v, (x * 2.0).view(4, 4, 16))
     torch.testing.assert_close(p, (x * 2.0).view(4, 4, 16).permute(2, 0, 1))
+
+
+def test_a_chain_before_a_reshaped_column_sum_is_one_kernel_and_views_stay_views():
+    # GELU's backward and its bias gradient as AOTAutograd hands them over: the elementwise
+    # chain on [B, S, H], reshaped to [B*S, H] (returned, and transposed for the weight's GEMM)
+    # and summed over rows. The column sum cannot stitch across the reshape; the chain before
+    # it must still be one kernel (no dominant op lies in it), and the reshape and transpose
+    # must stay views rather than copies inside the sum's kernel
+    from fusekit.stitch.alone import LayoutViews
+
+    class GeluBackward(torch.nn.Module):
+        def forward(self, g, x):
+            cdf = 0.5 * (torch.erf(x * 0.7071067811865476) + 1)
+            pdf = torch.exp(x * x * -0.5) * 0.3989422804014327
+            d = (g * (cdf + x * pdf)).view(-1, x.shape[-1])
+            return d, d.t(), d.sum(0)
+
+    args = (torch.randn(4, 64, 256), torch.randn(4, 64, 256))  # large enough to be memory-bound
+    cap = capture(GeluBackward(), args)
+    p = plan(cap.graph, detect())
+    computed = [g for g in p.groups if any(not cap.graph.op(o).is_layout for o in g.ops)]
+    assert len(computed) == 2, p.describe()  # the chain, the column sum
+    planned = PlannedGraph(p, cap.constants)
+    assert any(isinstance(k, LayoutViews) for k in planned.kernels), p.describe()
+    out = planned.run(cap.values(*args))
+    d, dt, db = (out[n] for n in cap.graph.outputs)
+    want = GeluBackward()(*args)
+    for got, ref in zip((d, dt, db), want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert dt.data_ptr() == d.data_ptr()  # the transpose is a view of the chain's output
+
+
+def test_graph_keeps_each_ops_extents():
+    _, cap = _graph("layernorm_bwd")
+    g = cap.graph
+    for op in g.ops:
+        assert dict(g.extents(op.name)) == op.extents(dict(g.shapes))

@@ -3,7 +3,7 @@
 FusionStitching's candidate generation (arXiv 1911.11576, section 4.2), as used here::
 
     every op alone                                  (so that every op can be covered)
-    for each dominant op (classify.dominant_ops):
+    for each dominant op (classify.dominant_ops), then each fusable op no group covers yet:
         beam search: add one fusable producer or consumer at a time, keep a group only if it is
         convex and one stitched kernel can run it (schemes.analyze); rank by predicted gain
         (sum of the ops' lone costs minus the group's cost); keep the top-k groups per seed
@@ -86,6 +86,7 @@ def enumerate_candidates(
     beam: int = 4,
     max_ops: int = 48,
     merge_max_ops: int = 8,
+    wide_ops: int = 8,
 ) -> list[Candidate]:
     """All candidates of ``graph``: every op alone, top-k grown groups per seed, merges.
 
@@ -93,9 +94,12 @@ def enumerate_candidates(
         graph: the graph.
         target: where the kernels run (for the costs that rank groups).
         top_k: groups kept per seed.
-        beam: groups kept per growth step.
+        beam: groups kept per growth step while the groups have fewer than ``wide_ops`` ops;
+            past that, one (the growth goes on greedily: each step analyses every neighbour of
+            the group, so a wide beam over large groups costs most of the planning time).
         max_ops: largest group grown.
         merge_max_ops: largest smaller side of a horizontal merge.
+        wide_ops: group size from which the beam narrows to one.
 
     Returns:
         Distinct candidates, singletons first.
@@ -110,10 +114,12 @@ def enumerate_candidates(
 
     kept: dict[frozenset[str], Candidate] = {}
     seeds: list[Candidate] = []
-    for seed in dominant_ops(graph):
+
+    def grow(seed: str) -> None:
+        """Beam search from ``seed``; its top-k groups with a gain join ``kept``."""
         start = grower.group(frozenset({seed}))
         if start is None:
-            continue
+            return
         seeds.append(start)
         frontier, seen = [start], {start.ops}
         pool: list[Candidate] = []
@@ -131,11 +137,24 @@ def enumerate_candidates(
                     if found is not None:
                         grown.append(found)
             grown.sort(key=gain, reverse=True)
-            frontier = grown[:beam]
+            frontier = grown[: beam if len(frontier[0].ops) < wide_ops else 1]
             pool += frontier
         for cand in sorted(pool, key=gain, reverse=True)[:top_k]:
             if len(cand.ops) > 1 and gain(cand) > 0:
                 kept[cand.ops] = cand
+
+    dominant = dominant_ops(graph)
+    for seed in dominant:
+        grow(seed)
+    # a chain the dominant ops' groups could not reach (e.g. elementwise ops before a reshape
+    # that their reduction cannot stitch across) seeds its own growth from its last uncovered
+    # op, latest first, until every fusable op with a fusable neighbour is in some group
+    covered = {o for c in kept.values() for o in c.ops} | set(dominant)
+    for op in reversed(graph.ops):
+        lonely = op.name in fusable and op.name not in covered
+        if lonely and grower.neighbours(frozenset({op.name})):
+            grow(op.name)
+            covered |= {o for c in kept.values() for o in c.ops} | {op.name}
     pool = [*seeds, *kept.values()]
     for a, b in itertools.combinations(pool, 2):
         union = a.ops | b.ops

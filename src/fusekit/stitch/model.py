@@ -15,6 +15,9 @@ with (FusionStitching, arXiv 1911.11576, section 5; the roofline of Williams et 
 - :math:`u = \min(1, \text{rows} / \text{parallel units})` the occupancy: a kernel whose rows
   cannot fill the cores or SMs gets that fraction of the bandwidth and FLOP/s;
 - :math:`L` launches (one per kernel; a column reduction on a GPU adds its combine kernel).
+
+A group of layout ops only (views, transposes, reshapes) is predicted to move nothing: it runs
+as strided views of its sources.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def tensor_bytes(graph: Graph, name: str) -> int:
 def op_flops(graph: Graph, name: str) -> float:
     """Floating-point work of one op: its domain times its arithmetic (2MNK for a contraction)."""
     op = graph.op(name)
-    ext = op.extents({t.name: t.shape for t in graph.tensors})
+    ext = graph.extents(name)
     domain = math.prod(int(v) for v in ext.values()) if ext else 0
     work = 0
     for n in walk(op.expr):
@@ -118,6 +121,10 @@ def estimate(
         reads = set(layout.inputs)
     dram_bytes = float(sum(tensor_bytes(graph, n) for n in reads | writes))
     flops = sum(op_flops(graph, o) for o in group)
+    if layout is not None and all(graph.op(o).is_layout for o in group):
+        # layout ops only: strided views of their sources (alone.LayoutViews), no data moved
+        # when the sources are contiguous, as the kernels write them
+        dram_bytes = flops = 0.0
     rows = layout.rows if layout is not None else _rows(graph, ops)
     spill_bytes = 0.0
     launches = 1
