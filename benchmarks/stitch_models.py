@@ -379,13 +379,9 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
                "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
         row = {"part": "models", "family": family.name, "problem": f"{family.name} {study}",
                **compare(fns, fns["eager"](), repeats)}  # fmt: skip
-        times = {k: row[f"{k}_s"] for k in ("eager", "fusekit")} | {
-            "compile": row["compile_s_median"]
-        }
-        first = {"compile": row["compile_first_s"], "fusekit": row["fusekit_first_s"]}
-        print(f"  {row['problem']}: eager {times['eager'] * 1e3:.1f} ms, compile "
-              f"{times['compile'] * 1e3:.1f} ms, fusekit {times['fusekit'] * 1e3:.1f} ms; "
-              f"first call {first['compile']:.1f} s / {first['fusekit']:.1f} s",
+        print(f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
+              f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms; "
+              f"first call {row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s",
               flush=True)  # fmt: skip
         rows.append(row)
     return rows

@@ -115,11 +115,11 @@ def enumerate_candidates(
     kept: dict[frozenset[str], Candidate] = {}
     seeds: list[Candidate] = []
 
-    def grow(seed: str) -> None:
-        """Beam search from ``seed``; its top-k groups with a gain join ``kept``."""
+    def grow(seed: str) -> set[str]:
+        """Beam search from ``seed``; its top-k groups with a gain join ``kept``; their ops."""
         start = grower.group(frozenset({seed}))
         if start is None:
-            return
+            return set()
         seeds.append(start)
         frontier, seen = [start], {start.ops}
         pool: list[Candidate] = []
@@ -139,22 +139,24 @@ def enumerate_candidates(
             grown.sort(key=gain, reverse=True)
             frontier = grown[: beam if len(frontier[0].ops) < wide_ops else 1]
             pool += frontier
+        reached: set[str] = set()
         for cand in sorted(pool, key=gain, reverse=True)[:top_k]:
             if len(cand.ops) > 1 and gain(cand) > 0:
                 kept[cand.ops] = cand
+                reached |= cand.ops
+        return reached
 
     dominant = dominant_ops(graph)
+    covered = set(dominant)
     for seed in dominant:
-        grow(seed)
+        covered |= grow(seed)
     # a chain the dominant ops' groups could not reach (e.g. elementwise ops before a reshape
     # that their reduction cannot stitch across) seeds its own growth from its last uncovered
     # op, latest first, until every fusable op with a fusable neighbour is in some group
-    covered = {o for c in kept.values() for o in c.ops} | set(dominant)
     for op in reversed(graph.ops):
         lonely = op.name in fusable and op.name not in covered
         if lonely and grower.neighbours(frozenset({op.name})):
-            grow(op.name)
-            covered |= {o for c in kept.values() for o in c.ops} | {op.name}
+            covered |= grow(op.name) | {op.name}
     pool = [*seeds, *kept.values()]
     for a, b in itertools.combinations(pool, 2):
         union = a.ops | b.ops
