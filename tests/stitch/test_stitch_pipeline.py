@@ -5,6 +5,7 @@ import torch
 
 from fusekit.hw import CPUTarget, detect
 from fusekit.ir import capture
+from fusekit.ir.text import parse_graph
 from fusekit.stitch.classify import OpClass, classify_graph, dominant_ops
 from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.model import estimate, tensor_bytes
@@ -44,8 +45,26 @@ def test_layernorm_is_regional_three_stages():
     lay = analyze(cap.graph, [op.name for op in cap.graph.ops])
     assert lay.scheme is Scheme.REGIONAL
     assert sum(1 for s in lay.steps if hasattr(s, "ops")) == 3
-    assert lay.buffered == {"layer_norm_cent"}
+    # x - mean, read by the variance and the output stages, is one subtraction: recomputed
+    assert lay.buffered == frozenset()
     assert lay.roles["layer_norm_mean"] is Role.ROW_REDUCE
+
+
+def test_an_expensive_value_read_by_a_later_stage_is_buffered():
+    g = parse_graph(
+        """
+        input x: float32[64,128]
+        tensor e: float32[64,128]
+        tensor s: float32[64]
+        tensor y: float32[64,128]
+        e[i,j] = exp(x[i,j])
+        s[i] = sum_j e[i,j]
+        y[i,j] = e[i,j] / s[i]
+        output y
+        """
+    )
+    lay = analyze(g, [op.name for op in g.ops])
+    assert lay.buffered == {"e"}
 
 
 def test_sibling_reductions_share_one_global_kernel():
@@ -200,7 +219,7 @@ def test_a_chain_that_ends_in_views_is_still_one_kernel():
     args = tuple(torch.randn(2, 8, 16) for _ in range(3))
     cap = capture(Chain(), args)
     p = plan(cap.graph, detect())
-    computed = [g for g in p.groups if any(not cap.graph.op(o).is_layout for o in g.ops)]
+    computed = [g for g in p.groups if any(not p.graph.op(o).is_layout for o in g.ops)]
     assert len(computed) == 1, p.describe()
 
 
@@ -215,8 +234,7 @@ def test_a_view_and_its_transpose_both_returned_are_views_not_copies():
     x = torch.randn(2, 8, 16)
     cap = capture(Both(), (x,))
     planned = PlannedGraph(plan(cap.graph, detect()), cap.constants)
-    views = [k for k in planned.kernels if isinstance(k, LayoutViews)]
-    assert len(views) == 1
+    assert any(isinstance(k, LayoutViews) for k in planned.kernels)
     out = planned.run(cap.values(x))
     v, vt = (out[n] for n in cap.graph.outputs)
     torch.testing.assert_close(vt, (x * 2.0).view(-1, 16).t())
@@ -245,9 +263,9 @@ def test_views_returned_through_a_view_that_is_not():
 def test_a_chain_before_a_reshaped_column_sum_is_one_kernel_and_views_stay_views():
     # GELU's backward and its bias gradient as AOTAutograd hands them over: the elementwise
     # chain on [B, S, H], reshaped to [B*S, H] (returned, and transposed for the weight's GEMM)
-    # and summed over rows. The column sum cannot stitch across the reshape; the chain before
-    # it must still be one kernel (no dominant op lies in it), and the reshape and transpose
-    # must stay views rather than copies inside the sum's kernel
+    # and summed over rows. With the rows split back into [B, S] (refine_dims) the column sum
+    # stitches across the reshape: one kernel; the reshape and transpose must stay views
+    # rather than copies inside it
     from fusekit.stitch.alone import LayoutViews
 
     class GeluBackward(torch.nn.Module):
@@ -260,8 +278,8 @@ def test_a_chain_before_a_reshaped_column_sum_is_one_kernel_and_views_stay_views
     args = (torch.randn(4, 64, 256), torch.randn(4, 64, 256))  # large enough to be memory-bound
     cap = capture(GeluBackward(), args)
     p = plan(cap.graph, detect())
-    computed = [g for g in p.groups if any(not cap.graph.op(o).is_layout for o in g.ops)]
-    assert len(computed) == 2, p.describe()  # the chain, the column sum
+    computed = [g for g in p.groups if any(not p.graph.op(o).is_layout for o in g.ops)]
+    assert len(computed) == 1, p.describe()  # the chain and the column sum over its split rows
     planned = PlannedGraph(p, cap.constants)
     assert any(isinstance(k, LayoutViews) for k in planned.kernels), p.describe()
     out = planned.run(cap.values(*args))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
+from fusekit.ir.refine import refine_dims
 from fusekit.search.ilp import solve_partition
 from fusekit.stitch.candidates import Candidate, enumerate_candidates
 
@@ -149,6 +150,9 @@ def plan(
 ) -> Plan:
     """Plan the fusion of ``graph`` for ``target``.
 
+    The graph is planned with its merged dims split (:func:`fusekit.ir.refine.refine_dims`):
+    the plan's graph has the same inputs and outputs and may differ inside.
+
     Args:
         graph: the graph (ops the planner cannot fuse run alone).
         target: the CPU or GPU.
@@ -165,6 +169,7 @@ def plan(
     if method not in ("ilp", "greedy"):
         raise ValueError(f"stitch: expected 'method' to be 'ilp' or 'greedy' (got {method!r})")
     start = time.perf_counter()
+    graph = refine_dims(graph)  # reshapes of merged dims become plain reads
     candidates = enumerate_candidates(graph, target, top_k=top_k)
     candidates_s = time.perf_counter() - start
     unfused_s = sum(c.cost.total_s for c in candidates if len(c.ops) == 1)
