@@ -9,11 +9,22 @@ FusionStitching's candidate generation (arXiv 1911.11576, section 4.2), as used 
         (sum of the ops' lone costs minus the group's cost); keep the top-k groups per seed
     horizontal merges: pairs of small kept groups with no path between them whose union is
         still one kernel (independent packing, e.g. sibling reductions)
+
+On a large graph (more than ``beam_ops`` fusable ops) the beam search is replaced by a greedy
+merge, as Inductor's scheduler fuses: start from every op alone, repeatedly merge the pair of
+groups (a producer and its consumer, or two readers of one tensor) with the largest predicted
+gain whose union is one kernel and leaves the groups acyclic, until no merge gains. Every group
+formed on the way is a candidate, so the final partition is one feasible plan and the ILP may
+still split what the merge joined. The beam's groups overlap one another (each is grown from
+its own seed, and on a long chain such as the layers of a backward graph each reaches into the
+next layers), so on a large graph they tile it badly and cost most of the planning time.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import math
 from dataclasses import dataclass
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
@@ -73,6 +84,17 @@ class _Grower:
             self.cache[ops] = found
         return self.cache[ops]
 
+    def group_unchecked(self, ops: frozenset[str]) -> Candidate | None:
+        """:meth:`group` without the convexity check (the caller keeps the groups acyclic)."""
+        if ops not in self.cache:
+            try:
+                layout = analyze(self.graph, ops)
+                found = Candidate(ops, layout, estimate(self.graph, ops, self.target, layout))
+            except Unfusable:
+                found = None
+            self.cache[ops] = found
+        return self.cache[ops]
+
     def neighbours(self, ops: frozenset[str]) -> set[str]:
         near = {n for o in ops for n in (*self.graph.predecessors(o), *self.graph.successors(o))}
         return (near & self.fusable) - ops
@@ -87,6 +109,7 @@ def enumerate_candidates(
     max_ops: int = 48,
     merge_max_ops: int = 8,
     wide_ops: int = 8,
+    beam_ops: int = 64,
 ) -> list[Candidate]:
     """All candidates of ``graph``: every op alone, top-k grown groups per seed, merges.
 
@@ -100,6 +123,7 @@ def enumerate_candidates(
         max_ops: largest group grown.
         merge_max_ops: largest smaller side of a horizontal merge.
         wide_ops: group size from which the beam narrows to one.
+        beam_ops: most fusable ops for the beam search; a larger graph is merged greedily.
 
     Returns:
         Distinct candidates, singletons first.
@@ -114,6 +138,10 @@ def enumerate_candidates(
 
     kept: dict[frozenset[str], Candidate] = {}
     seeds: list[Candidate] = []
+    if len(fusable) > beam_ops:
+        for cand in merge_greedily(grower, lone, max_ops):
+            kept[cand.ops] = cand
+        return [*lone.values(), *kept.values()]
 
     def grow(seed: str) -> set[str]:
         """Beam search from ``seed``; its top-k groups with a gain join ``kept``; their ops."""
@@ -168,3 +196,100 @@ def enumerate_candidates(
         if found is not None and gain(found) > gain(a) + gain(b):
             kept[union] = found
     return [*lone.values(), *kept.values()]
+
+
+#: Most full-size arrays (inputs and outputs as large as the iteration space) one merged kernel
+#: streams. Past the 8 ways of an L1 set, rows of arrays that sit at the same offset in their
+#: pages (every large allocation) evict each other between the stages of a row: a kernel
+#: stitching two LayerNorm backwards (9 such arrays) ran 7x slower per byte than one (4).
+MAX_STREAMS = 8
+
+
+def streams(graph: Graph, layout: Layout) -> int:
+    """The group's inputs and outputs with as many elements as its iteration space."""
+    n = math.prod(layout.extents)
+    return sum(1 for t in (*layout.inputs, *layout.outputs) if graph.tensor(t).numel() >= n)
+
+
+def merge_greedily(grower: _Grower, lone: dict[str, Candidate], max_ops: int) -> list[Candidate]:
+    """Every group a greedy producer-consumer merge forms (module docstring), in merge order.
+
+    A merge of groups ``a`` and ``b`` is allowed when no path of groups leads from one to the
+    other through a third (the quotient graph stays acyclic, so every group stays convex) and
+    :func:`analyze` accepts the union; its gain is ``cost(a) + cost(b) - cost(a | b)``.
+    """
+    graph = grower.graph
+    group_of = {name: name for name in lone}  # op -> id of its group (an op name)
+    members: dict[str, frozenset[str]] = {name: frozenset({name}) for name in lone}
+    cost = {name: c.cost.total_s for name, c in lone.items()}
+    succ: dict[str, set[str]] = {n: set(graph.successors(n)) for n in lone}
+    pred: dict[str, set[str]] = {n: set(graph.predecessors(n)) for n in lone}
+    version = dict.fromkeys(lone, 0)
+    heap: list[tuple[float, str, str, int, int]] = []
+    formed: list[Candidate] = []
+
+    def push(a: str, b: str) -> None:
+        """Queue the merge of groups ``a`` and ``b`` (neighbours or siblings) if it gains."""
+        ops = members[a] | members[b]
+        if len(ops) > max_ops or not ops <= grower.fusable:
+            return
+        found = grower.group_unchecked(ops)
+        if found is None or found.layout is None or streams(graph, found.layout) > MAX_STREAMS:
+            return
+        gain = cost[a] + cost[b] - found.cost.total_s
+        if gain > 0:
+            heapq.heappush(heap, (-gain, a, b, version[a], version[b]))
+
+    def reaches(a: str, b: str) -> bool:
+        """Whether a path of two or more group edges leads from ``a`` to ``b``."""
+        stack = [s for s in succ[a] if s != b]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            if g == b:
+                return True
+            for s in succ[g]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return False
+
+    for op in graph.ops:
+        if op.name in grower.fusable:
+            for s in graph.successors(op.name):
+                if s in grower.fusable:
+                    push(op.name, s)
+    for t in graph.tensors:  # siblings: two readers of one tensor read it once together
+        readers = [c.name for c in graph.consumers(t.name) if c.name in grower.fusable]
+        for a, b in itertools.combinations(readers[:8], 2):
+            push(a, b)
+    while heap:
+        _, a, b, va, vb = heapq.heappop(heap)
+        if version.get(a) != va or version.get(b) != vb:
+            continue  # one side merged since: its pairs were queued again
+        if reaches(a, b) or reaches(b, a):
+            continue
+        cand = grower.group_unchecked(members[a] | members[b])
+        assert cand is not None
+        # b joins a: a keeps its id
+        for name in members[b]:
+            group_of[name] = a
+        members[a] = cand.ops
+        cost[a] = cand.cost.total_s
+        succ[a] = (succ[a] | succ.pop(b)) - {a, b}
+        pred[a] = (pred[a] | pred.pop(b)) - {a, b}
+        for g in succ[a]:
+            pred[g] = (pred[g] - {b}) | {a}
+        for g in pred[a]:
+            succ[g] = (succ[g] - {b}) | {a}
+        del members[b], cost[b], version[b]
+        version[a] += 1
+        formed.append(cand)
+        for g in pred[a]:
+            push(g, a)
+        for g in succ[a]:
+            push(a, g)
+        for g in {group_of[c.name] for t in cand.ops for p in graph.predecessors(t)
+                  for c in graph.consumers(p)} - {a}:  # fmt: skip
+            push(a, g)
+    return formed
