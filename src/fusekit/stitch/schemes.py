@@ -44,6 +44,7 @@ from fusekit.ir.expr import (
 )
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Op, OpKind
+from fusekit.stitch.classify import EXPENSIVE as _EXPENSIVE
 
 
 class Unfusable(ValueError):
@@ -432,6 +433,11 @@ def _only_reductions(expr: Expr) -> bool:
     return False
 
 
+#: Most arithmetic nodes of a full value a later stage recomputes rather than reads from a
+#: row buffer (its own and those of earlier full values it recomputes in turn).
+RECOMPUTE_NODES = 4
+
+
 def _schedule(
     ops: list[Op], exprs: Mapping[str, Expr], roles: Mapping[str, Role], produced: set[str]
 ) -> tuple[tuple[Stage | RowStep, ...], frozenset[str]]:
@@ -439,21 +445,43 @@ def _schedule(
 
     A full op or reduction joins the stage of its latest full input, or the stage after a row
     reduction it reads; a row op runs before the first stage that may read it. A full value
-    read by a later stage is buffered.
+    read by a later stage is recomputed there when it is cheap (at most
+    :data:`RECOMPUTE_NODES` arithmetic nodes, no transcendental function: its inputs are re-read
+    from cache, as Inductor's loops re-read them), else kept in a row buffer. A row buffer is a
+    store and a load per element that the loop vectoriser must order against every other
+    array of the loop, which makes a several-stage loop over many arrays run several times
+    slower than the same loop re-reading its inputs.
     """
     level: dict[str, int] = {}
-    buffered: set[str] = set()
     for op in ops:
         deps = [
             n.tensor for n in walk(exprs[op.name]) if isinstance(n, Access) and n.tensor in produced
         ]
         need = [level[d] + (roles[d] is Role.ROW_REDUCE) for d in deps]
         level[op.name] = max(need, default=0)
-    for op in ops:
+    later = {
+        n.tensor
+        for op in ops
+        for n in walk(exprs[op.name])
+        if isinstance(n, Access) and n.tensor in produced
+        and roles[n.tensor] is Role.FULL and level[n.tensor] < level[op.name]
+    }  # fmt: skip
+    buffered: set[str] = set()
+    cost: dict[str, int] = {}
+    for op in ops:  # in order: a value's full inputs are decided before it
+        if op.name not in later:
+            continue
+        nodes = 0
         for n in walk(exprs[op.name]):
-            if isinstance(n, Access) and n.tensor in produced:
-                if roles[n.tensor] is Role.FULL and level[n.tensor] < level[op.name]:
-                    buffered.add(n.tensor)
+            if isinstance(n, Call) and n.fn in _EXPENSIVE:
+                nodes += RECOMPUTE_NODES + 1
+            elif isinstance(n, Bin | Call):
+                nodes += 1
+            elif isinstance(n, Access) and n.tensor in cost and n.tensor not in buffered:
+                nodes += cost[n.tensor]
+        cost[op.name] = nodes
+        if nodes > RECOMPUTE_NODES:
+            buffered.add(op.name)
     steps: list[Stage | RowStep] = []
     for k in range(max(level.values(), default=-1) + 1):
         steps += [

@@ -6,7 +6,8 @@ where the value lives in the kernel::
 
     external tensor X[t0, t1]        in_X[t0 * S0 + t1]          (terms over anchor indices)
     same-stage full op Y             v_Y                          (a register)
-    earlier-stage full op Y          buf_Y[q]                     (the row buffer)
+    earlier-stage full op Y          buf_Y[q]                     (the row buffer), or
+                                     Y's expression again         (recomputed when cheap)
     row op or row reduction R        v_R                          (a scalar of the row)
 """
 
@@ -136,6 +137,8 @@ class Renderer:
             return f"v_{name}"
         if reader_stage is not None and self.stage_of[name] == reader_stage:
             return f"v_{name}"
+        if name not in self.layout.buffered:  # cheap: recomputed (schemes._schedule)
+            return "(" + self.expr(name, self.layout.exprs[name], reader_stage) + ")"
         return self.dialect.read(f"buf_{name}", "q")
 
 
