@@ -28,10 +28,24 @@ def test_version_through_the_script_entry():
 
 
 def test_tour_command(tmp_path):
+    # one part: the whole tour is tests/report/test_tour.py's (in process, every section)
     out = subprocess.run(
-        [sys.executable, "-m", "fusekit", "tour", "--out", str(tmp_path)],
+        [sys.executable, "-m", "fusekit", "tour", "--out", str(tmp_path), "--only", "hw"],
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0, out.stderr
     assert f"report written to {tmp_path / 'index.html'}" in out.stdout
+    page = (tmp_path / "index.html").read_text()
+    assert "<h2>Hardware</h2>" in page and "<h2>Stitched kernels" not in page
+
+
+def test_tour_of_an_unknown_part_is_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "fusekit", "tour", "--out", str(tmp_path), "--only", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "expected 'parts' to be among" in out.stderr and "nope" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -72,15 +72,20 @@ def tour(
     seed: Annotated[
         int, typer.Option(help="Seed of every random workload.", min=0, max=options.MAX_SEED)
     ] = 0,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="Build only this part's section (repeatable); default: every part."),
+    ] = None,
 ) -> None:
     """Run every part that exists on small built-in defaults and write an HTML report."""
-    total = len(available_sections())
+    parts = tuple(only or ())
+    total = len(parts) or len(available_sections())
     with progress("tour", total=total) as bar:
 
         def on_section(part: str, index: int, _total: int) -> None:
             bar.update(0, completed=index, description=f"tour: {part}")  # type: ignore[arg-type]
 
-        path = run_tour(out, TourOptions(seed=seed), on_section=on_section)
+        path = run_tour(out, TourOptions(seed=seed, parts=parts), on_section=on_section)
         bar.update(0, completed=total)  # type: ignore[arg-type]
     print(f"report written to {path}")
 

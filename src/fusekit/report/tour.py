@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusekit.errors import FusekitError, expected
 from fusekit.report.document import Section, Text
 from fusekit.report.html import write_report
 from fusekit.threads import prefer_passive_wait
@@ -31,10 +32,12 @@ class TourOptions:
     Attributes:
         seed: seed for every random workload, so that two tours give the same problems.
         quick: keep each section to a few seconds on a laptop CPU.
+        parts: the parts whose sections to build, in report order; empty: every part.
     """
 
     seed: int = 0
     quick: bool = True
+    parts: tuple[str, ...] = ()
 
 
 SectionBuilder = Callable[[TourOptions], Section]
@@ -74,10 +77,19 @@ def run_tour(
 
     Returns:
         The path of the written ``index.html``.
+
+    Raises:
+        FusekitError: if ``options.parts`` names a part without a section.
     """
     options = options or TourOptions()
-    prefer_passive_wait()  # numba's and torch's pools alternate (stitch): before either starts
     builders = available_sections()
+    if options.parts:
+        known = [part for part, _ in builders]
+        unknown = [p for p in options.parts if p not in known]
+        if unknown:
+            raise FusekitError(expected("tour", "parts", f"among {known}", unknown))
+        builders = [(part, build) for part, build in builders if part in options.parts]
+    prefer_passive_wait()  # numba's and torch's pools alternate (stitch): before either starts
     sections: list[Section] = []
     for i, (part, build) in enumerate(builders):
         if on_section is not None:
