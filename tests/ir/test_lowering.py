@@ -100,6 +100,18 @@ CASES = {
         (x(2, 6),),
     ),
     "repeat": (lambda a: a.repeat(2, 1, 3), (x(2, 3),)),
+    "cat_rotary_halves": (
+        lambda q: q * 0.5 + torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * 2.0,
+        (x(2, 3, 8),),
+    ),
+    "cat_unequal_pieces_and_dim_0": (
+        lambda a, b: torch.cat((a, b * 2, a[:1]), dim=0).sum(0) + torch.cat((a, b), 1)[:, 2:7],
+        (x(2, 5), x(2, 5, seed=1)),
+    ),
+    "cat_with_an_empty_1d_tensor": (
+        lambda a: torch.cat((torch.empty(0), a * 3), dim=1),  # legacy: the empty one is skipped
+        (x(2, 5),),
+    ),
     # contractions
     "linear": (nn.Linear(4, 3), (x(2, 5, 4),)),
     "linear_nobias_1d": (lambda a, w: F.linear(a, w), (x(4), x(3, 4))),

@@ -18,7 +18,7 @@ input w: float32[16]
 tensor m: float32[4,8,16]
 tensor v: float32[32,16]
 tensor c: float32[16]
-m[b,s,h] = x[b,s,h] * w[h]
+m[b,s,h] = exp(x[b,s,h]) * w[h]
 v[i,h] = m[i/8,i%8,h]
 c[h] = sum_i v[i,h]
 output c

@@ -295,3 +295,21 @@ def test_graph_keeps_each_ops_extents():
     g = cap.graph
     for op in g.ops:
         assert dict(g.extents(op.name)) == op.extents(dict(g.shapes))
+
+
+def test_a_rotary_embedding_with_its_cat_is_one_kernel():
+    # q * cos + rotate_half(q) * sin, rotate_half = cat(-q2, q1): the cat reads its pieces at
+    # computed indices; -q2 is cheap, so it is recomputed there rather than a kernel boundary
+    class Rotary(torch.nn.Module):
+        def forward(self, q, cos, sin):
+            q1, q2 = q[..., :32], q[..., 32:]
+            return q * cos + torch.cat((-q2, q1), dim=-1) * sin
+
+    args = (torch.randn(2, 4, 16, 64), torch.randn(16, 64), torch.randn(16, 64))
+    cap = capture(Rotary(), args)
+    p = plan(cap.graph, detect())
+    computed = [g for g in p.groups if any(not p.graph.op(o).is_layout for o in g.ops)]
+    assert len(computed) == 1, p.describe()
+    assert "neg" in computed[0].layout.folded
+    out = PlannedGraph(p, cap.constants).run(cap.values(*args))
+    torch.testing.assert_close(out[cap.graph.outputs[0]], Rotary()(*args), rtol=1e-5, atol=1e-5)

@@ -99,3 +99,23 @@ def test_pow_matches_torch_for_every_sign_and_exponent(power, target):
             for k, v in want.items():
                 torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
         env.update(want)
+
+
+def test_a_rotary_cat_group_matches_reference(target):
+    # the cat's piece table (an int32 param) and -q2 recomputed at the cat's indices
+    class Rotary(torch.nn.Module):
+        def forward(self, q, cos, sin):
+            q1, q2 = q[..., :8], q[..., 8:]
+            return q * cos + torch.cat((-q2, q1), dim=-1) * sin
+
+    args = (torch.randn(2, 3, 4, 16), torch.randn(4, 16), torch.randn(4, 16))
+    cap = capture(Rotary(), args)
+    p = plan(cap.graph, target)
+    env = dict(cap.values(*args))
+    for group in p.groups:
+        want = reference_group(p.graph, group.ops, env)
+        if group.layout is not None and any(not p.graph.op(o).is_layout for o in group.ops):
+            got = TritonKernel(p.graph, group.layout)(env)
+            for k, v in want.items():
+                torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
+        env.update(want)

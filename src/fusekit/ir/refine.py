@@ -429,6 +429,7 @@ class _Rewriter:
                 subs.append((name, f))
             self.subvars[var] = subs
             self.flat[var] = _mixed_radix(subs)
+        self.extents = {name: f for subs in self.subvars.values() for name, f in subs}
 
     def op(self) -> Op:
         """The rewritten op (reads numbered in :func:`walk` order, as :func:`refine_dims` does)."""
@@ -469,8 +470,18 @@ class _Rewriter:
             for j in reversed(range(len(cuts) - 1)):  # outer sub-dim first
                 lo, hi = cuts[j], cuts[j + 1]
                 t = flat if lo == 1 else IBin("/", flat, IConst(int(lo)))
-                terms.append(t if j == len(cuts) - 2 else IBin("%", t, IConst(int(hi) // int(lo))))
+                t = t if j == len(cuts) - 2 else IBin("%", t, IConst(int(hi) // int(lo)))
+                terms.append(self._simplify(t, hi, lo))
         return Access(self.rename.get(name, name), tuple(terms))
+
+    def _simplify(self, term: IndexTerm, hi: int | str, lo: int | str) -> IndexTerm:
+        """``term`` as whole sub-variables when it is one (``(k0*32 + k1)/32`` is ``k0``)."""
+        if not isinstance(hi, int) or not isinstance(lo, int):
+            return term
+        got = pieces(term, hi // lo, self.extents)
+        if not got or any(p.lo != 1 or p.hi != self.extents[p.var] for p in got):
+            return term  # not one, or a size-1 dim (a variable of extent 1 stays a variable)
+        return _mixed_radix([(p.var, p.hi) for p in got])
 
     def _direct(self, got: list[Piece], cuts: list[int | str]) -> list[IndexTerm] | None:
         """Each sub-dim as one sub-variable, when the pieces line up with the cuts."""

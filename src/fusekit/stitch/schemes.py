@@ -46,6 +46,11 @@ from fusekit.ir.graph import Graph
 from fusekit.ir.op import Op, OpKind
 from fusekit.stitch.classify import EXPENSIVE as _EXPENSIVE
 
+#: Most arithmetic nodes of a full value a later stage recomputes rather than reads from a
+#: row buffer (its own and those of earlier full values it recomputes in turn), and of a map
+#: folded into the readers that read it at computed indices.
+RECOMPUTE_NODES = 4
+
 
 class Unfusable(ValueError):
     """The group cannot become one stitched kernel; the message says why."""
@@ -88,7 +93,7 @@ class Layout:
 
     Attributes:
         ops: the computed ops (layout ops folded into readers excluded), topological order.
-        folded: layout ops folded into their readers.
+        folded: layout ops, and cheap maps read at computed indices, folded into their readers.
         exprs: each computed op's expression after folding.
         var_dims: per op, its variables' anchor dims (``None``: a size-1 dim, index 0).
         extents: anchor extents, outermost first.
@@ -167,24 +172,36 @@ def _subst_term(term: IndexTerm, env: Mapping[str, IndexTerm]) -> IndexTerm:
     return term
 
 
+def _subst_expr(expr: Expr, env: Mapping[str, IndexTerm]) -> Expr:
+    """``expr`` with its index variables replaced by ``env``'s terms (no reductions inside)."""
+    if isinstance(expr, Access):
+        return Access(expr.tensor, tuple(_subst_term(t, env) for t in expr.indices))
+    if isinstance(expr, Bin):
+        return Bin(expr.op, _subst_expr(expr.left, env), _subst_expr(expr.right, env))
+    if isinstance(expr, Call):
+        return Call(expr.fn, tuple(_subst_expr(a, env) for a in expr.args))
+    if isinstance(expr, Const):
+        return expr
+    raise Unfusable(f"expression {type(expr).__name__} in a folded op")
+
+
 def fold_layouts(expr: Expr, layouts: Mapping[str, Op]) -> Expr:
-    """Replace reads of folded layout ops by reads of their sources, at composed indices."""
+    """Replace reads of folded ops by their sources (or expressions), at composed indices.
+
+    A folded layout op is a read of its source; a folded map (a cheap one an op reads at
+    computed indices) is its expression, recomputed at the reader's indices.
+    """
     if isinstance(expr, Access):
         if any(next(term_accesses(t), None) is not None for t in expr.indices):
             raise Unfusable(f"indirect read of {expr.tensor}")
         op = layouts.get(expr.tensor)
         if op is None:
             return expr
-        src = op.expr
-        if not isinstance(src, Access):
-            raise Unfusable(f"layout op {op.name} is not a read")
         env = {
             t.name: term for t, term in zip(op.out.indices, expr.indices, strict=True)
             if isinstance(t, IVar)
         }  # fmt: skip
-        return fold_layouts(
-            Access(src.tensor, tuple(_subst_term(t, env) for t in src.indices)), layouts
-        )
+        return fold_layouts(_subst_expr(op.expr, env), layouts)
     if isinstance(expr, Bin):
         return Bin(expr.op, fold_layouts(expr.left, layouts), fold_layouts(expr.right, layouts))
     if isinstance(expr, Call):
@@ -194,6 +211,53 @@ def fold_layouts(expr: Expr, layouts: Mapping[str, Op]) -> Expr:
     if isinstance(expr, Const):
         return expr
     raise Unfusable(f"expression {type(expr).__name__}")
+
+
+def _inlined(
+    order: list[Op],
+    folded: Mapping[str, Op],
+    outputs: Collection[str],
+    shapes: Mapping[str, tuple[int | str, ...]],
+) -> dict[str, Op]:
+    """Cheap maps of the group that some op reads at computed indices: folded into readers.
+
+    A ``cat`` reads its pieces at ``(j + c) % n``, a rotary embedding's ``-x2`` among them;
+    computed there, ``-x2`` could share no loop with the ``cat``. At most
+    :data:`RECOMPUTE_NODES` arithmetic nodes, no transcendental function, not an output.
+    """
+    ops = {op.name: op for op in order}
+    chosen = dict(folded)
+    while True:
+        found = {}
+        for op in order:
+            if op.name in chosen:
+                continue
+            for n in walk(fold_layouts(op.expr, chosen)):
+                if not isinstance(n, Access) or n.tensor not in ops or n.tensor in chosen:
+                    continue
+                plain = all(
+                    isinstance(t, IVar) or (isinstance(t, IConst) and shapes[n.tensor][d] == 1)
+                    for d, t in enumerate(n.indices)
+                )
+                src = ops[n.tensor]
+                if plain or n.tensor in outputs or src.kind is not OpKind.MAP or src.accumulate:
+                    continue
+                if _nodes(src.expr) <= RECOMPUTE_NODES:
+                    found[n.tensor] = src
+        if not found:
+            return {k: v for k, v in chosen.items() if k not in folded}
+        chosen.update(found)
+
+
+def _nodes(expr: Expr) -> int:
+    """Arithmetic nodes of ``expr``, a transcendental function counting past any limit."""
+    nodes = 0
+    for n in walk(expr):
+        if isinstance(n, Call) and n.fn in _EXPENSIVE:
+            nodes += RECOMPUTE_NODES + 1
+        elif isinstance(n, Bin | Call):
+            nodes += 1
+    return nodes
 
 
 def _bound_vars(expr: Expr) -> list[str]:
@@ -229,6 +293,7 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
         if any(isinstance(n, Reduce) and _bound_vars(n.body) for n in walk(op.expr)):
             raise Unfusable(f"{op.name} nests reductions")
     layouts = {op.name: op for op in order if op.is_layout and op.name not in outputs}
+    layouts.update(_inlined(order, layouts, outputs, graph.shapes))
     computed = [op for op in order if op.name not in layouts]
     if not computed:
         raise Unfusable("only layout ops")
@@ -433,11 +498,6 @@ def _only_reductions(expr: Expr) -> bool:
     return False
 
 
-#: Most arithmetic nodes of a full value a later stage recomputes rather than reads from a
-#: row buffer (its own and those of earlier full values it recomputes in turn).
-RECOMPUTE_NODES = 4
-
-
 def _schedule(
     ops: list[Op], exprs: Mapping[str, Expr], roles: Mapping[str, Role], produced: set[str]
 ) -> tuple[tuple[Stage | RowStep, ...], frozenset[str]]:
@@ -471,14 +531,11 @@ def _schedule(
     for op in ops:  # in order: a value's full inputs are decided before it
         if op.name not in later:
             continue
-        nodes = 0
-        for n in walk(exprs[op.name]):
-            if isinstance(n, Call) and n.fn in _EXPENSIVE:
-                nodes += RECOMPUTE_NODES + 1
-            elif isinstance(n, Bin | Call):
-                nodes += 1
-            elif isinstance(n, Access) and n.tensor in cost and n.tensor not in buffered:
-                nodes += cost[n.tensor]
+        nodes = _nodes(exprs[op.name]) + sum(
+            cost[n.tensor]
+            for n in walk(exprs[op.name])
+            if isinstance(n, Access) and n.tensor in cost and n.tensor not in buffered
+        )
         cost[op.name] = nodes
         if nodes > RECOMPUTE_NODES:
             buffered.add(op.name)

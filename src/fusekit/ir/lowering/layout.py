@@ -7,6 +7,7 @@
     expand [4,1] -> [4,8]         Y[i,j] = X[i,0]
     slice dim 1, 8:16             Y[i,j] = X[i, j + 8]
     select dim 0, 3               Y[i] = X[3, i]
+    cat [X0, X1] dim 1            Y[i,j] = where(seg[j] == 0, X0[i, j % n0], X1[i, (j + c) % n1])
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fusekit.ir.expr import IBin, IConst, IndexTerm, IVar
+from fusekit.ir.expr import Call, Const, Expr, IBin, IConst, IndexTerm, IVar
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -167,3 +168,65 @@ def _repeat(b: Builder, o: Out, x: V, repeats: Sequence[int]) -> V:
         var = IVar(out_vars[off + d])
         terms.append(var if repeats[off + d] == 1 else IBin("%", var, IConst(size)))
     return b.emit(o.name, o.shape, o.dtype, access(x, terms))
+
+
+def _piece_term(var: str, offset: int, size: int, total: int) -> IndexTerm:
+    """``var - offset`` for ``var`` in ``[offset, offset + size)``, in range for every ``var``.
+
+    ``(var + c) % size`` with ``c = -offset mod size``: equal to ``var - offset`` on the piece,
+    and an index of the piece (a value ``where`` discards) everywhere else.
+    """
+    shift = -offset % size
+    term: IndexTerm = IVar(var) if shift == 0 else IBin("+", IVar(var), IConst(shift))
+    return term if size >= total and shift == 0 else IBin("%", term, IConst(size))
+
+
+@rule("cat", "concat", "concatenate")
+def _cat(b: Builder, o: Out, tensors: Sequence[Any], dim: int = 0) -> V:
+    """``Y[..., j, ...] = X_k[..., j - offset_k, ...]`` for ``j`` in the ``k``-th piece.
+
+    A ``where`` over a piece-number table ``seg[j]`` (a param: ``k`` at every position of the
+    ``k``-th piece) picks the piece; every branch reads in range (:func:`_piece_term`). Pieces
+    of one size ``n`` read ``X_k[j % n]`` and the table at ``j / n``, so that
+    :func:`fusekit.ir.refine.refine_dims` splits ``j`` into (piece, offset) and every read is
+    plain. Empty 1-d tensors, which ``torch.cat`` skips, are skipped.
+    """
+    import torch  # not at import: capture loads the rules with fusekit.ir
+
+    d = dim_of(dim, len(o.shape))
+    if not all(isinstance(x, V) for x in tensors):
+        raise Unsupported("cat of a non-tensor")
+    xs = [x for x in tensors if x.rank == len(o.shape) and x.shape[d] > 0]
+    if not xs:
+        raise Unsupported("cat of empty tensors only")
+    out_vars = variables(len(o.shape))
+    total = o.shape[d]
+    if len(xs) == 1:
+        return (
+            xs[0]
+            if xs[0].shape == o.shape
+            else b.emit(o.name, o.shape, o.dtype, access(xs[0], ivars(out_vars)))
+        )
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    sizes = [x.shape[d] for x in xs]
+    j = out_vars[d]
+    equal = len(set(sizes)) == 1  # Y[.., p*n + r, ..] = X_p[.., r, ..]: a split refine_dims sees
+    with unset_fake_temporarily():  # a real table, also when capture runs under a fake mode
+        numbers = range(len(xs)) if equal else [k for k, n in enumerate(sizes) for _ in range(n)]
+        table = torch.tensor(list(numbers), dtype=torch.int32)
+    seg = b.constant(f"{o.name}_piece", table)
+    reads = []
+    offset = 0
+    for x, size in zip(xs, sizes, strict=True):
+        terms = ivars(out_vars)
+        terms[d] = (
+            IBin("%", IVar(j), IConst(size)) if equal else _piece_term(j, offset, size, total)
+        )
+        reads.append(access(x, terms))
+        offset += size
+    piece = access(seg, [IBin("/", IVar(j), IConst(sizes[0])) if equal else IVar(j)])
+    expr: Expr = reads[-1]
+    for k in range(len(xs) - 2, -1, -1):
+        expr = Call("where", (Call("eq", (piece, Const(k))), reads[k], expr))
+    return b.emit(o.name, o.shape, o.dtype, expr)
