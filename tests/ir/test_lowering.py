@@ -108,6 +108,13 @@ CASES = {
         lambda a, b: torch.cat((a, b * 2, a[:1]), dim=0).sum(0) + torch.cat((a, b), 1)[:, 2:7],
         (x(2, 5), x(2, 5, seed=1)),
     ),
+    "slice_scatter": (
+        lambda a, b: (
+            torch.slice_scatter(a * 2, b + 1, dim=1, start=2, end=5) * 3
+            + torch.slice_scatter(a, b, dim=1, start=3)  # aligned: a block of the split dim
+        ),
+        (x(2, 6, 3), x(2, 3, 3, seed=1)),
+    ),
     "cat_with_an_empty_1d_tensor": (
         lambda a: torch.cat((torch.empty(0), a * 3), dim=1),  # legacy: the empty one is skipped
         (x(2, 5),),

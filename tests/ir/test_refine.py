@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from fusekit.ir.expr import IBin, IConst, IVar
 from fusekit.ir.interpret import interpret
-from fusekit.ir.refine import Piece, factors, pieces, refine_dims
+from fusekit.ir.refine import Fixed, Piece, factors, pieces, refine_dims
 from fusekit.ir.text import parse_graph
 from fusekit.stitch.schemes import Unfusable, analyze
 
@@ -50,7 +50,8 @@ def test_pieces_of_reshape_terms():
     flat = IBin("+", IBin("*", IVar("b"), IConst(8)), IVar("s"))
     assert pieces(flat, 32, ext) == [Piece("b", 1, 4), Piece("s", 1, 8)]
     assert pieces(IBin("%", IBin("/", i, IConst(2)), IConst(4)), 4, ext) == [Piece("i", 2, 8)]
-    assert pieces(IBin("+", i, IConst(3)), 35, ext) is None  # a slice offset
+    assert pieces(IBin("+", i, IConst(3)), 35, ext) is None  # an offset inside a digit
+    assert pieces(IBin("+", i, IConst(32)), 64, ext) == [Fixed(1, 2), Piece("i", 1, 32)]
     assert pieces(IBin("*", i, IConst(2)), 64, ext) is None  # a step
     assert pieces(IBin("/", i, IConst(3)), 10, ext) is None  # not a divisor
 
@@ -166,3 +167,28 @@ def test_split_merge_chains_compute_what_the_graph_computes(b, s, h, keep):
         """
     )
     _same(graph, refine_dims(graph))
+
+
+def test_aligned_slices_of_a_split_dim_read_a_constant_digit():
+    # a rotary backward: the halves of a computed tensor, -x1 written into the second half
+    graph = parse_graph(
+        """
+        graph halves
+        input x: float32[4,64]
+        input w: float32[4,64]
+        tensor m: float32[4,64]
+        tensor lo: float32[4,32]
+        tensor hi: float32[4,32]
+        tensor y: float32[4,64]
+        m[i,j] = x[i,j] * 2.0
+        lo[i,j] = m[i,j]
+        hi[i,j] = m[i,j + 32]
+        y[i,j] = m[i,j] + hi[i,j%32] * lo[i,j%32] + w[i,j]
+        output y
+        """
+    )
+    refined = refine_dims(graph)
+    assert refined.tensor("m").shape == (4, 2, 32)
+    assert "m[i,1,j]" in str(refined.op("hi"))
+    analyze(refined, ["m", "lo", "hi", "y_split" if "y_split" in refined.shapes else "y"])
+    _same(graph, refined)

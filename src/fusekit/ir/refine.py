@@ -30,6 +30,7 @@ computes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import count, pairwise
@@ -67,6 +68,14 @@ class Piece:
 
 
 @dataclass(frozen=True, slots=True)
+class Fixed:
+    """A constant outer digit: ``value`` in ``[0, radix)`` (a slice's offset, ``X[j + 32]``)."""
+
+    value: int
+    radix: int
+
+
+@dataclass(frozen=True, slots=True)
 class Link:
     """Dim positions ``[inner, inner*r)`` of ``dim`` are variable positions ``[lo, lo*r)``."""
 
@@ -95,13 +104,31 @@ def _affine(term: IndexTerm) -> dict[str, int] | None:
     return None
 
 
-def pieces(term: IndexTerm, size: int, extents: Mapping[str, int]) -> list[Piece] | None:
+def pieces(term: IndexTerm, size: int, extents: Mapping[str, int]) -> list[Piece | Fixed] | None:
     """The digit ranges that make up ``term``, outer first, or ``None`` if it is not one.
 
     ``term`` must be ``flat``, ``flat / c``, ``flat % m`` or ``flat / c % m``, where ``flat`` is a
     mixed-radix number of variables (each stride the product of the extents inside it), and the
-    range it takes must cut each variable at divisors of its extent and cover ``size`` values.
+    range it takes must cut each variable at divisors of its extent and cover ``size`` values;
+    or ``flat + k``, or ``flat`` over fewer than ``size`` values, with ``k`` a multiple of the
+    values ``flat`` takes (a slice at an aligned offset: a :class:`Fixed` outer digit).
     """
+    k = 0
+    if isinstance(term, IBin) and term.op == "+" and isinstance(term.right, IConst):
+        k, term = term.right.value, term.left
+    got = _digits(term, extents)
+    if got is None:
+        return None
+    width = math.prod(p.hi // p.lo for p in got)
+    if width == size and k == 0:
+        return list(got)
+    if width <= 0 or k % width or size % width or not 0 <= k // width < size // width:
+        return None
+    return [Fixed(k // width, size // width), *got]
+
+
+def _digits(term: IndexTerm, extents: Mapping[str, int]) -> list[Piece] | None:
+    """The digit ranges of ``flat``, ``flat / c``, ``flat % m`` or ``flat / c % m``."""
     c, m = 1, None
     if isinstance(term, IBin) and term.op == "%" and isinstance(term.right, IConst):
         m, term = term.right.value, term.left
@@ -131,10 +158,7 @@ def pieces(term: IndexTerm, size: int, extents: Mapping[str, int]) -> list[Piece
         if hi % lo or extent % hi:
             return None
         out.append(Piece(var, lo, hi))
-    width = 1
-    for p in out:
-        width *= p.hi // p.lo
-    return out if width == size else None
+    return out
 
 
 def _chain(points: Iterable[int]) -> bool:
@@ -207,7 +231,7 @@ def refine_dims(graph: Graph) -> Graph:
     pinned: set[Slot] = set()
     links: dict[int, list[Link]] = {}  # origin (an access) -> the links of its terms
     seeds: dict[int, list[tuple[Slot, int, int]]] = {}  # origin -> its cut points
-    parsed: dict[tuple[str, int, int], list[Piece]] = {}  # (op, access, dim) -> pieces
+    parsed: dict[tuple[str, int, int], list[Piece | Fixed]] = {}  # (op, access, dim) -> pieces
     origins: dict[tuple[str, int], int] = {}  # (op, access) -> its origin
     for op in ops:
         ext = graph.extents(op.name)
@@ -236,6 +260,10 @@ def refine_dims(graph: Graph) -> Graph:
                 origins[(op.name, k)] = origin
                 inner = size
                 for p in got:
+                    if isinstance(p, Fixed):  # a constant digit: a cut, no variable to link
+                        inner //= p.radix
+                        seeds.setdefault(origin, []).append((dim, inner, origin))
+                        continue
                     r = p.hi // p.lo
                     inner //= r
                     slot: Slot = ("v", op.name, p.var)
@@ -287,7 +315,7 @@ def _rewrite(
     graph: Graph,
     ops: Sequence[Op],
     slots: _Slots,
-    parsed: Mapping[tuple[str, int, int], list[Piece]],
+    parsed: Mapping[tuple[str, int, int], list[Piece | Fixed]],
 ) -> Graph:
     shapes = graph.shapes
     new_shape: dict[str, tuple[Dim, ...]] = {}
@@ -403,7 +431,7 @@ class _Rewriter:
         graph: Graph,
         op: Op,
         slots: _Slots,
-        parsed: Mapping[tuple[str, int, int], list[Piece]],
+        parsed: Mapping[tuple[str, int, int], list[Piece | Fixed]],
         new_shape: Mapping[str, tuple[Dim, ...]],
         rename: Mapping[str, str],
     ) -> None:
@@ -479,16 +507,18 @@ class _Rewriter:
         if not isinstance(hi, int) or not isinstance(lo, int):
             return term
         got = pieces(term, hi // lo, self.extents)
-        if not got or any(p.lo != 1 or p.hi != self.extents[p.var] for p in got):
+        if not got or any(
+            isinstance(p, Fixed) or p.lo != 1 or p.hi != self.extents[p.var] for p in got
+        ):
             return term  # not one, or a size-1 dim (a variable of extent 1 stays a variable)
-        return _mixed_radix([(p.var, p.hi) for p in got])
+        return _mixed_radix([(p.var, p.hi) for p in got if isinstance(p, Piece)])
 
-    def _direct(self, got: list[Piece], cuts: list[int | str]) -> list[IndexTerm] | None:
-        """Each sub-dim as one sub-variable, when the pieces line up with the cuts."""
-        spans: list[tuple[int, int, Piece]] = []  # dim positions [a, b) of each piece
+    def _direct(self, got: list[Piece | Fixed], cuts: list[int | str]) -> list[IndexTerm] | None:
+        """Each sub-dim as one sub-variable or constant, when the pieces line up with the cuts."""
+        spans: list[tuple[int, int, Piece | Fixed]] = []  # dim positions [a, b) of each piece
         inner = 1
         for p in reversed(got):
-            r = p.hi // p.lo
+            r = p.radix if isinstance(p, Fixed) else p.hi // p.lo
             spans.append((inner, inner * r, p))
             inner *= r
         out: list[IndexTerm] = []
@@ -500,6 +530,9 @@ class _Rewriter:
             if span is None:
                 return None
             a, _, p = span
+            if isinstance(p, Fixed):  # the constant's digits in this sub-dim
+                out.append(IConst(p.value * a // lo % (hi // lo)))
+                continue
             vlo, vhi = p.lo * lo // a, p.lo * hi // a
             sub = self._subvar(p.var, vlo, vhi)
             if sub is None:

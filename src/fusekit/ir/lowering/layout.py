@@ -230,3 +230,49 @@ def _cat(b: Builder, o: Out, tensors: Sequence[Any], dim: int = 0) -> V:
     for k in range(len(xs) - 2, -1, -1):
         expr = Call("where", (Call("eq", (piece, Const(k))), reads[k], expr))
     return b.emit(o.name, o.shape, o.dtype, expr)
+
+
+@rule("slice_scatter")
+def _slice_scatter(
+    b: Builder,
+    o: Out,
+    x: V,
+    src: V,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
+    step: int = 1,
+) -> V:
+    """``Y = X`` with ``Y[.., start:end, ..] = src``, as one map.
+
+    A ``where`` over an int32 table that marks the slice (as :func:`_cat` picks its pieces);
+    the source is read in range everywhere.
+    """
+    import torch  # not at import: capture loads the rules with fusekit.ir
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    d = dim_of(dim, x.rank)
+    size = x.shape[d]
+    first = 0 if start is None else (start + size if start < 0 else start)
+    first = max(0, min(first, size))
+    n = src.shape[d]
+    if step != 1:
+        raise Unsupported("slice_scatter with a step")
+    if n == 0:
+        return x
+    if n == size:
+        return src
+    aligned = size % n == 0 and first % n == 0  # in blocks of n: a split refine_dims sees
+    with unset_fake_temporarily():  # a real table, also when capture runs under a fake mode
+        table = torch.zeros(size // n if aligned else size, dtype=torch.int32)
+        table[first // n if aligned else slice(first, first + n)] = 1
+    inside = b.constant(f"{o.name}_inside", table)
+    out_vars = variables(x.rank)
+    j = out_vars[d]
+    terms = ivars(out_vars)
+    terms[d] = IBin("%", IVar(j), IConst(n)) if aligned else _piece_term(j, first, n, size)
+    mark = access(inside, [IBin("/", IVar(j), IConst(n)) if aligned else IVar(j)])
+    expr = Call(
+        "where", (Call("eq", (mark, Const(1))), access(src, terms), access(x, ivars(out_vars)))
+    )
+    return b.emit(o.name, o.shape, o.dtype, expr)
