@@ -17,6 +17,7 @@ tanh, division, ...) whose result is broadcast or reduced by a consumer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 from fusekit.ir.expr import Access, Call, IVar, Reduce, walk
@@ -89,6 +90,11 @@ def classify(op: Op) -> OpClass:
         if isinstance(node, Access) and {t.name for t in node.indices if isinstance(t, IVar)} < out:
             return OpClass.BROADCAST
     return OpClass.ELEMENTWISE
+
+
+def layout_only(graph: Graph, ops: Iterable[str]) -> bool:
+    """Whether every op of ``ops`` only moves elements (a group that runs as strided views)."""
+    return all(classify(graph.op(o)) is OpClass.LAYOUT for o in ops)
 
 
 def classify_graph(graph: Graph) -> dict[str, OpClass]:

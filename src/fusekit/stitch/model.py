@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.expr import Bin, Call, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.stitch.classify import EXPENSIVE
+from fusekit.stitch.classify import EXPENSIVE, layout_only
 from fusekit.stitch.schemes import Layout, Role
 
 _BYTES = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "float32": 4, "int32": 4,
@@ -121,7 +121,7 @@ def estimate(
         reads = set(layout.inputs)
     dram_bytes = float(sum(tensor_bytes(graph, n) for n in reads | writes))
     flops = sum(op_flops(graph, o) for o in group)
-    if layout is not None and all(graph.op(o).is_layout for o in group):
+    if layout is not None and layout_only(graph, group):
         # layout ops only: strided views of their sources (alone.LayoutViews), no data moved
         # when the sources are contiguous, as the kernels write them
         dram_bytes = flops = 0.0

@@ -43,7 +43,7 @@ from fusekit.ir.interpret import interpret, opaque_call
 from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
-from fusekit.stitch.classify import OpClass, classify
+from fusekit.stitch.classify import OpClass, classify, layout_only
 from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.codegen.triton import TritonKernel
 from fusekit.stitch.schemes import Unfusable
@@ -182,7 +182,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
             return _Alone(graph, group)
     else:
         raise ValueError(expected("stitch", "backend", "'cpu' or 'triton'", backend))
-    if all(classify(graph.op(o)) is OpClass.LAYOUT for o in group.ops):
+    if layout_only(graph, group.ops):
         try:
             return LayoutViews(graph, group.layout, kernel)
         except ValueError:
