@@ -17,9 +17,11 @@ factorisations of one dim are compatible iff the union of their breakpoints is a
 divisibility (``12`` as ``(3, 4)`` and ``(2, 6)`` is not). An index term that is a digit range
 of a mixed-radix number of op variables (``b*128 + s``, ``i/128``, ``i%128``) links a dim's
 positions to its variables' positions, and breakpoints flow both ways through links until
-nothing changes. A term of any other form (a slice offset, a step, a constant) pins its dim and
-variables: they are never split. When a reshape's breakpoints would split a pinned slot or break
-a chain, that reshape is left as it was (a kernel boundary, as before) and the rest proceeds.
+nothing changes; a slice at an aligned offset (``X[j + 32]`` with ``j < 32``) adds a constant
+outer digit. A term of any other form (an unaligned offset, a step, a constant index) pins its
+dim and variables: they are never split. When a reshape's breakpoints would split a pinned slot
+or break a chain, that reshape is left as it was (a kernel boundary, as before) and the rest
+proceeds.
 
 Only the tensors of element-wise maps and reductions are split. Graph inputs and params keep
 their shapes (their reads become affine, ``x[b*128 + s, h]``); a split tensor that the graph
