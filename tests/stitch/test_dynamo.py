@@ -162,3 +162,18 @@ def test_an_unknown_target_is_an_error_not_a_silent_fallback():
     f = torch.compile(torch.nn.Linear(2, 2), backend="fusekit", options={"target": "tpu-v9"})
     with pytest.raises(Exception, match="tpu-v9"):
         f(torch.randn(3, 2))
+
+
+def test_a_conv_whose_input_needs_no_gradient_trains(compiled_graphs):
+    # a ViT's patch embedding: convolution_backward with output_mask [False, True, True]
+    # returns no input gradient; its weight and bias gradients are outputs 1 and 2
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+    x = torch.randn(2, 3, 16, 16)
+    torch.compile(conv, backend="fusekit")(x).square().sum().backward()
+    got = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    conv(x).square().sum().backward()
+    for g, p in zip(got, conv.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-5)
+    assert all(g._static is not None and g._static.plan is not None for g in compiled_graphs)

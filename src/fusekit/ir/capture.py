@@ -350,7 +350,9 @@ def _lower(b: Builder, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
         result = rule(b, out, *args, **kwargs)
     except (Unsupported, TypeError) as e:  # TypeError: an overload the rule does not take
         log.info("capture: keeping %s opaque: %s", target, e)
-        outs = tuple(keep_opaque(k) for k in range(len(metas)) if metas[k][1])
+        # one entry per output position (None where it is no tensor: convolution_backward's
+        # output_mask), so that getitem k finds output k
+        outs = tuple(keep_opaque(k) if metas[k][1] else None for k in range(len(metas)))
         result = outs if isinstance(val, list | tuple) else outs[0]
     except ValueError as e:
         raise CaptureError(f"capture: {target} at {_where(node)}: {e}") from e
