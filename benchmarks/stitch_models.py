@@ -406,13 +406,11 @@ def write(path: Path, records: list[dict[str, Any]], settings: dict[str, Any]) -
     records = [_finite(r) for r in records]
     timed = [r for r in records if r["part"] == "subgraphs" and "speedup_vs_compile" in r
              and "error" not in r]  # fmt: skip
-    settings = {
-        **settings,
-        "geomean_vs_compile": _geomean([r["speedup_vs_compile"] for r in timed]),
-        "min_vs_compile": min((r["speedup_vs_compile"] for r in timed), default=float("nan")),
-        "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in timed]),
-        "subgraphs": len(timed),
-    }
+    settings = {**settings, "subgraphs": len(timed)}
+    if timed:  # a run of the whole models only has no summary over subgraphs
+        settings["geomean_vs_compile"] = _geomean([r["speedup_vs_compile"] for r in timed])
+        settings["min_vs_compile"] = min(r["speedup_vs_compile"] for r in timed)
+        settings["geomean_vs_eager"] = _geomean([r["speedup_vs_eager"] for r in timed])
     print({k: v for k, v in settings.items() if k != "families"}, flush=True)
     parts = {r["part"] for r in records if "speedup_vs_compile" in r}
     write_results(path, benchmark="stitch_models", title=TITLE, meta=run_metadata(),
