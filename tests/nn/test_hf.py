@@ -487,6 +487,7 @@ def test_use_fusekit_experts_on_a_bare_container_of_blocks() -> None:
         torch.testing.assert_close(blocks(x), ref, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow  # a subprocess running pytest on a stand-in checkout (about 15 s)
 def test_hf_model_tests_tool_makes_fusekit_the_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # tools/hf_model_tests.py runs transformers' own tests; here on a stand-in checkout
     import os

@@ -51,6 +51,7 @@ def test_default_workers_is_positive():
     assert LocalExecutor().workers == default_workers()
 
 
+@pytest.mark.slow  # starts a local Ray instance (about 10 s)
 def test_ray_executor_runs_on_a_local_ray_instance():
     pytest.importorskip("ray")
     from fusekit.search import RayExecutor
