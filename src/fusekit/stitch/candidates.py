@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.graph import Graph
@@ -62,6 +62,7 @@ class _Grower:
     target: CPUTarget | GPUTarget
     cache: dict[frozenset[str], Candidate | None]
     fusable: set[str]
+    nonconvex: set[frozenset[str]] = field(default_factory=set)
 
     def lone(self, op: str) -> Candidate:
         try:
@@ -73,16 +74,15 @@ class _Grower:
                          reason)  # fmt: skip
 
     def group(self, ops: frozenset[str]) -> Candidate | None:
-        if ops not in self.cache:
-            found: Candidate | None = None
-            if self.graph.is_convex(ops):
-                try:
-                    layout = analyze(self.graph, ops)
-                    found = Candidate(ops, layout, estimate(self.graph, ops, self.target, layout))
-                except Unfusable:
-                    found = None
-            self.cache[ops] = found
-        return self.cache[ops]
+        """The candidate of ``ops`` if it is convex and one kernel (memoised), else ``None``.
+
+        A set in ``cache`` passed this check: the greedy merge (``group_unchecked``) and the
+        beam search never run on one graph.
+        """
+        if ops in self.nonconvex or (ops not in self.cache and not self.graph.is_convex(ops)):
+            self.nonconvex.add(ops)
+            return None
+        return self.group_unchecked(ops)
 
     def group_unchecked(self, ops: frozenset[str]) -> Candidate | None:
         """:meth:`group` without the convexity check (the caller keeps the groups acyclic)."""
