@@ -71,6 +71,14 @@ CASES = {
         lambda a: a.var(1) + a.std(0, keepdim=True).sum() + torch.var(a, 1, correction=0),
         (x(3, 5),),
     ),
+    "var_mean": (
+        lambda a: (
+            sum(torch.var_mean(a, -1, keepdim=True, correction=0))
+            + sum(torch.var_mean(a, (0, 2))).sum()
+            + torch.var_mean(a)[0]
+        ),
+        (x(2, 3, 5),),
+    ),
     "softmax_dims": (lambda a: torch.softmax(a, 0) + torch.log_softmax(a, -1), (x(3, 4),)),
     "layer_norm": (
         lambda a, w, b: F.layer_norm(a, (4,), w, b) + F.layer_norm(a, (3, 4)),

@@ -157,6 +157,23 @@ def test_attention_is_one_aten_call_forward_and_backward(compiled_graphs):
         assert isinstance(kernel, OpaqueCall)
 
 
+def test_layer_norm_forward_is_one_stitched_kernel(compiled_graphs):
+    """LayerNorm decomposes to ``var_mean`` and elementwise ops: none is left opaque, and the
+    two row reductions and the normalisation run as one kernel."""
+    from fusekit.ir import OpKind
+
+    torch.manual_seed(0)
+    model = torch.nn.LayerNorm(64).eval()
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        got = torch.compile(model, backend="fusekit")(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+    (graph,) = compiled_graphs
+    plan = graph._static.plan
+    assert not [op.name for op in plan.graph.ops if op.kind is OpKind.OPAQUE]
+    assert plan.kernels == 1, plan.describe()
+
+
 def test_an_unknown_target_is_an_error_not_a_silent_fallback():
     torch._dynamo.reset()
     f = torch.compile(torch.nn.Linear(2, 2), backend="fusekit", options={"target": "tpu-v9"})

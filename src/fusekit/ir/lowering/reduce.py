@@ -1,4 +1,4 @@
-"""Reductions and the composite ops built on them (softmax, layer/RMS norm, variance).
+"""Reductions and the composite ops built on them (softmax, layer/RMS norm, variance, var_mean).
 
 ::
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IVar, Reduce, ReduceOp
+from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IConst, IVar, Reduce, ReduceOp
 from fusekit.ir.lowering.base import (
     Builder,
     Out,
@@ -125,6 +125,43 @@ def _var(
     if o.packet == "std":
         expr = Call("sqrt", (expr,))
     return b.emit(o.name, o.shape, o.dtype, expr, out_terms(x.rank, dims, kept, red, keepdim))
+
+
+def _mean_terms(rank: int, dims: Sequence[int], kept: Sequence[str], keepdim: bool) -> list[Any]:
+    """How a reduced value is read at a row ``kept``: size-1 dims (``keepdim``) read index 0."""
+    if not keepdim:
+        return list(ivars(kept))
+    it = iter(kept)
+    return [IConst(0) if d in dims else IVar(next(it)) for d in range(rank)]
+
+
+@rule("var_mean")
+def _var_mean(
+    b: Builder,
+    o: Out,
+    x: V,
+    dim: Any = None,
+    unbiased: bool = True,
+    keepdim: bool = False,
+    correction: float | None = None,
+) -> tuple[V, V]:
+    """``(var, mean)``: the decomposition of layer norm (the mean is shared, not recomputed).
+
+    ::
+
+        m[i] = mean_j x[i,j];  v[i] = sum_j (x[i,j] - m[i])^2 / (n - correction)
+    """
+    dims = dims_of(dim, x.rank)
+    kept, red = split_vars(x.rank, dims)
+    corr = correction if correction is not None else (1 if unbiased else 0)
+    (v_shape, v_dtype), (m_shape, m_dtype) = o.metas
+    mean = reduction(b, f"{o.name}_mean", m_shape, m_dtype, x, dims, ReduceOp.MEAN, keepdim)
+    at_mean = Access(mean.name, tuple(_mean_terms(x.rank, dims, kept, keepdim)))
+    centred = Bin("-", access(x, input_terms(x.rank, dims, kept, red)), at_mean)
+    count = product([x.shape[d] for d in dims]) - corr
+    expr: Expr = Bin("/", Reduce(ReduceOp.SUM, red, Bin("*", centred, centred)), Const(count))
+    var = b.emit(o.name, v_shape, v_dtype, expr, out_terms(x.rank, dims, kept, red, keepdim))
+    return var, mean
 
 
 def softmax(b: Builder, name: str, x: V, dim: int, dtype: str, log: bool = False) -> V:
