@@ -27,6 +27,7 @@ import torch
 
 from fusekit.ir.expr import Access, Bin, IBin, IConst, IndexTerm, IVar, Reduce, ReduceOp
 from fusekit.ir.graph import Graph
+from fusekit.ir.op import Op
 from fusekit.stitch.schemes import Layout, Unfusable, fold_layouts
 
 
@@ -40,13 +41,15 @@ class AtenContraction:
     Args:
         graph: the graph.
         name: the op (a contraction of two plain reads, plus an optional plain addend).
+        op: the op to run in place of ``graph.op(name)`` (a contraction and the add of its
+            epilogue made one: :func:`fusekit.stitch.epilogue.merged_addend`).
 
     Raises:
         ValueError: if the op is not of that form (the runner then uses the interpreter).
     """
 
-    def __init__(self, graph: Graph, name: str) -> None:
-        op = graph.op(name)
+    def __init__(self, graph: Graph, name: str, op: Op | None = None) -> None:
+        op = op if op is not None else graph.op(name)
         expr, bias = op.expr, None
         if isinstance(expr, Bin) and expr.op == "+":
             left, right = expr.left, expr.right

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -40,12 +40,14 @@ from fusekit.ir.capture import Capture, capture
 from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret, opaque_call
+from fusekit.ir.op import Op
 from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify, layout_only
 from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.codegen.triton import TritonKernel
+from fusekit.stitch.epilogue import merged_addend
 from fusekit.stitch.schemes import Unfusable
 from fusekit.stitch.search import Plan, plan
 from fusekit.threads import prefer_passive_wait
@@ -103,26 +105,86 @@ def _call_key(graph: Graph, group: Candidate) -> Opaque | None:
     return dataclasses.replace(expr, output=None)
 
 
+Kernel = Callable[..., dict[str, Any]]
+
+
 def _kernels(
     graph: Graph, groups: Sequence[Candidate], backend: str
-) -> list[Callable[..., dict[str, Any]]]:
-    """One kernel per group, in plan order; siblings of one opaque call share one kernel."""
+) -> tuple[list[Kernel], list[set[str]]]:
+    """One kernel per group, in plan order, and the tensors each kernel reads.
+
+    Siblings of one opaque call share one kernel. A contraction whose only reader is an add
+    the plan left alone (a split epilogue, :mod:`fusekit.stitch.epilogue`) runs with that add
+    as one ATen call, at the add's place.
+    """
+    merged = _merged_epilogues(graph, groups)
     siblings: dict[Opaque, list[str]] = {}
     for group in groups:
         key = _call_key(graph, group)
         if key is not None:
             siblings.setdefault(key, []).append(next(iter(group.ops)))
-    kernels: list[Callable[..., dict[str, Any]]] = []
+    kernels: list[Kernel] = []
+    reads: list[set[str]] = []
     done: set[Opaque] = set()
     for group in groups:
+        ins = {t for o in group.ops for t in graph.op(o).inputs} - group.ops
+        alone = next(iter(group.ops)) if len(group.ops) == 1 else None
+        if alone in merged:
+            gemm_or_op = merged[alone]
+            if isinstance(gemm_or_op, str):  # the contraction: runs with its add (which reads
+                continue  # what it reads)
+            kernels.append(AtenContraction(graph, alone, gemm_or_op))
+            reads.append(set(gemm_or_op.inputs))
+            continue
         key = _call_key(graph, group)
         if key is not None and len(siblings[key]) > 1:
             if key not in done:  # the first sibling in plan order runs the call for all
                 done.add(key)
                 kernels.append(OpaqueCall(graph, siblings[key]))
+                reads.append(ins)
             continue
         kernels.append(_kernel(graph, group, backend))
-    return kernels
+        reads.append(ins)
+    return kernels, reads
+
+
+def _last_reads(reads: Sequence[set[str]], keep: Collection[str]) -> list[tuple[str, ...]]:
+    """Per kernel, the tensors no later kernel reads (dropped after it runs), less ``keep``.
+
+    Freeing each intermediate after its last reader, as eager's reference counting does, keeps
+    the working set small: a plan that held every intermediate to the end would touch fresh
+    pages for each one on every call.
+    """
+    last: dict[str, int] = {}
+    for k, names in enumerate(reads):
+        for name in names:
+            last[name] = k
+    out: list[list[str]] = [[] for _ in reads]
+    for name, k in last.items():
+        if name not in keep:
+            out[k].append(name)
+    return [tuple(sorted(names)) for names in out]
+
+
+def _merged_epilogues(graph: Graph, groups: Sequence[Candidate]) -> dict[str, str | Op]:
+    """Contraction/add pairs that each run alone: ``{gemm: add, add: merged op}``."""
+    alone = {next(iter(g.ops)) for g in groups if len(g.ops) == 1}
+    merged: dict[str, str | Op] = {}
+    for name in alone:
+        op = graph.op(name)
+        if classify(op) is not OpClass.GEMM or len(graph.consumers(name)) != 1:
+            continue
+        (reader,) = graph.consumers(name)
+        if reader.name not in alone:
+            continue
+        both = merged_addend(graph, name, reader.name)
+        if both is not None:
+            try:
+                AtenContraction(graph, reader.name, both)
+            except ValueError:
+                continue
+            merged[name], merged[reader.name] = reader.name, both
+    return merged
 
 
 #: When :class:`TimedChoice` chooses: rounds, each timing every implementation ``TUNE_REPEATS``
@@ -223,7 +285,8 @@ class PlannedGraph:
                 "threads slow the stitched kernels on small machines: set "
                 "OMP_WAIT_POLICY=PASSIVE before importing torch"
             )
-        self.kernels = _kernels(self.graph, plan.groups, backend)
+        self.kernels, reads = _kernels(self.graph, plan.groups, backend)
+        self._drops = _last_reads(reads, {*self.graph.outputs, *self.constants})
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
@@ -244,8 +307,10 @@ class PlannedGraph:
         """Run every kernel in plan order; return the graph's outputs by name."""
         self.check(values)
         env: dict[str, torch.Tensor] = {**self.constants, **values}
-        for kernel in self.kernels:
+        for kernel, drops in zip(self.kernels, self._drops, strict=True):
             env.update(kernel(env))
+            for name in drops:  # its last reader has run
+                env.pop(name, None)
         return {name: env[name] for name in self.graph.outputs}
 
 

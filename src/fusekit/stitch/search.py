@@ -24,6 +24,7 @@ from fusekit.ir.graph import Graph
 from fusekit.ir.refine import refine_dims
 from fusekit.search.ilp import solve_partition
 from fusekit.stitch.candidates import Candidate, enumerate_candidates
+from fusekit.stitch.epilogue import split_epilogues
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,9 @@ def plan(
 ) -> Plan:
     """Plan the fusion of ``graph`` for ``target``.
 
-    The graph is planned with its merged dims split (:func:`fusekit.ir.refine.refine_dims`):
-    the plan's graph has the same inputs and outputs and may differ inside.
+    The graph is planned with its merged dims split (:func:`fusekit.ir.refine.refine_dims`)
+    and each GEMM's addend split off (:func:`fusekit.stitch.epilogue.split_epilogues`): the
+    plan's graph has the same inputs and outputs and may differ inside.
 
     Args:
         graph: the graph (ops the planner cannot fuse run alone).
@@ -170,6 +172,7 @@ def plan(
         raise ValueError(f"stitch: expected 'method' to be 'ilp' or 'greedy' (got {method!r})")
     start = time.perf_counter()
     graph = refine_dims(graph)  # reshapes of merged dims become plain reads
+    graph = split_epilogues(graph)  # a GEMM's bias add may stitch into its consumer
     candidates = enumerate_candidates(graph, target, top_k=top_k)
     candidates_s = time.perf_counter() - start
     unfused_s = sum(c.cost.total_s for c in candidates if len(c.ops) == 1)
