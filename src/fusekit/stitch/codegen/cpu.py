@@ -22,6 +22,7 @@ Every group also has a reference: the same ops run by :func:`fusekit.ir.interpre
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +39,7 @@ from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
     Dialect,
     Renderer,
+    digit_splits,
     identity,
     load_generated,
     static_shape,
@@ -207,6 +209,9 @@ def _at(arr: str, off: str) -> str:
 
 
 DIALECT = Dialect(_FUNCTIONS, _const, _at)
+#: At most this many loop-invariant ``where`` conditions version the innermost loop (2**n
+#: copies of it).
+MAX_VERSIONED = 2
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
             "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}  # fmt: skip
 
@@ -214,7 +219,7 @@ _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
 class _Emitter:
     def __init__(self, graph: Graph, layout: Layout) -> None:
         self.graph, self.layout = graph, layout
-        self.r = Renderer(graph, layout, DIALECT)
+        self.r = Renderer(graph, layout, DIALECT, digits=digit_splits(graph, layout))
         self.lines: list[str] = []
         self.partials: list[tuple[str, int, str, str]] = []  # (name, size, op, dtype)
 
@@ -258,11 +263,72 @@ class _Emitter:
                     r.reduce_names[id(red)] = name
                     self.emit(depth, f"{name} = {r.const(identity(red.op.value), dtype)}")
         inner = depth
-        for d in lay.inner_dims:
-            # the trip count is an argument, not a literal: LLVM fully unrolls a short literal
-            # loop into a chain of scalar adds instead of vectorising its reduction
+        # the trip count is an argument, not a literal: LLVM fully unrolls a short literal
+        # loop into a chain of scalar adds instead of vectorising its reduction
+        for d in lay.inner_dims[:-1]:
             self.emit(inner, f"for {r.index(d)} in range(n_{r.index(d)}):")
             inner += 1
+        if not lay.inner_dims:
+            self.body(inner, k, ops)
+        else:
+            last = lay.inner_dims[-1]
+            i = r.index(last)
+            if last in r.digits:  # two digits: i / c is loop-invariant, i % c contiguous
+                high = lay.extents[last] // r.digits[last]
+                self.emit(inner, f"for {i}_hi in range({high}):")
+                inner += 1
+            self.versions(inner, k, ops, self.invariant_conditions(k, ops, last), {})
+        for op in ops:
+            if lay.roles[op] is Role.ROW_REDUCE:
+                self.finish_reduce(depth, op, (f"acc_{op}_" + "{}").format)
+                self.store(depth, op, f"v_{op}")
+
+    def invariant_conditions(self, k: int, ops: tuple[str, ...], last: int) -> list[str]:
+        """The ``where`` conditions of a stage that the innermost loop does not change.
+
+        A ``cat`` (or ``slice_scatter``) reads a piece table at the piece index; over the
+        innermost loop that is one piece, so the loop is spelled once per value of each such
+        condition (at most :data:`MAX_VERSIONED`) and each version loads only its piece.
+        """
+        r, lay = self.r, self.layout
+        r.seen = []
+        for op in ops:
+            if lay.roles[op] is Role.FULL:
+                r.expr(op, lay.exprs[op], k)
+            else:
+                for red in self.reduces(op):
+                    r.expr(op, red.body, k)
+        seen, r.seen = r.seen, None
+        i = r.index(last)
+        varying = re.compile(rf"\b({i}|{i}_lo|q)\b|\b(v|buf|acc|col|part)_")
+        return [c for c in dict.fromkeys(seen) if not varying.search(c)][:MAX_VERSIONED]
+
+    def versions(
+        self, depth: int, k: int, ops: tuple[str, ...], conds: list[str], fixed: dict[str, bool]
+    ) -> None:
+        """The innermost loop under each value of ``conds`` (nested ``if``/``else``)."""
+        if conds:
+            self.emit(depth, f"if {conds[0]}:")
+            self.versions(depth + 1, k, ops, conds[1:], {**fixed, conds[0]: True})
+            self.emit(depth, "else:")
+            self.versions(depth + 1, k, ops, conds[1:], {**fixed, conds[0]: False})
+            return
+        lay, r = self.layout, self.r
+        last = lay.inner_dims[-1]
+        i = r.index(last)
+        if last in r.digits:
+            high = lay.extents[last] // r.digits[last]
+            self.emit(depth, f"for {i}_lo in range(n_{i} // {high}):")
+            self.emit(depth + 1, f"{i} = {i}_hi * {r.digits[last]} + {i}_lo")
+        else:
+            self.emit(depth, f"for {i} in range(n_{i}):")
+        r.fixed = fixed
+        self.body(depth + 1, k, ops)
+        r.fixed = {}
+
+    def body(self, inner: int, k: int, ops: tuple[str, ...]) -> None:
+        """One element of a stage: its full ops, reduction updates and stores."""
+        lay, r = self.layout, self.r
         reads_buffer = any(
             t in lay.buffered and r.stage_of.get(t, k) < k for op in ops for t in _reads(lay, op)
         )
@@ -298,10 +364,6 @@ class _Emitter:
                     self.emit(
                         body_depth, f"{slot} = " + _COMBINE[red.op.value].format(a=slot, b=body)
                     )
-        for op in ops:
-            if lay.roles[op] is Role.ROW_REDUCE:
-                self.finish_reduce(depth, op, (f"acc_{op}_" + "{}").format)
-                self.store(depth, op, f"v_{op}")
 
     def finish_reduce(self, depth: int, op: str, acc: Callable[[int], str]) -> None:
         dtype = self.graph.tensor(op).dtype

@@ -71,6 +71,13 @@ class Renderer:
     index: Callable[[int], str] = lambda d: f"a{d}"
     stage_of: dict[str, int] = field(default_factory=dict)
     reduce_names: dict[int, str] = field(default_factory=dict)
+    #: anchor dims looped as two digits ``(i_hi, i_lo)`` of radix ``c``: ``i / c`` and ``i % c``
+    #: render as the digits (:func:`digit_splits`)
+    digits: dict[int, int] = field(default_factory=dict)
+    #: ``where`` conditions with a known value (the loop version being spelled), by their text
+    fixed: dict[str, bool] = field(default_factory=dict)
+    #: when a list, every ``where`` condition spelled is appended to it (see ``conditions``)
+    seen: list[str] | None = None
 
     def __post_init__(self) -> None:
         k = 0
@@ -88,9 +95,23 @@ class Renderer:
         if isinstance(t, IConst):
             return str(t.value)
         if isinstance(t, IBin):
+            digit = self._digit(op, t)
+            if digit is not None:
+                return digit
             sym = "//" if t.op == "/" else t.op
             return f"({self.term(op, t.left)} {sym} {self.term(op, t.right)})"
         raise ValueError(f"stitch: cannot render index term {t!r}")
+
+    def _digit(self, op: str, t: IBin) -> str | None:
+        """``i_hi`` for ``i / c``, ``i_lo`` for ``i % c`` when dim ``i`` is split at ``c``."""
+        found = _digit_term(t)
+        if found is None:
+            return None
+        var, c, high = found
+        d = self.layout.var_dims[op].get(var)
+        if d is None or self.digits.get(d) != c:
+            return None
+        return f"{self.index(d)}_{'hi' if high else 'lo'}"
 
     def offset(self, op: str, tensor: str, terms: tuple[IndexTerm, ...]) -> str:
         """The flat offset of ``tensor[terms]`` (row-major, contiguous)."""
@@ -118,6 +139,12 @@ class Renderer:
             left, right = self.expr(op, e.left, reader_stage), self.expr(op, e.right, reader_stage)
             return f"({left} {e.op} {right})"
         if isinstance(e, Call):
+            if e.fn == "where":
+                cond = self.expr(op, e.args[0], reader_stage)
+                if cond in self.fixed:  # this version's branch only: no load of the other
+                    return self.expr(op, e.args[1 if self.fixed[cond] else 2], reader_stage)
+                if self.seen is not None:
+                    self.seen.append(cond)
             args = [self.expr(op, a, reader_stage) for a in e.args]
             power = e.args[1] if e.fn == "pow" else None
             if isinstance(power, Const) and power.value in (1, 2, 3):  # x ** 2: exact products
@@ -140,6 +167,62 @@ class Renderer:
         if name not in self.layout.buffered:  # cheap: recomputed (schemes._schedule)
             return "(" + self.expr(name, self.layout.exprs[name], reader_stage) + ")"
         return self.dialect.read(f"buf_{name}", "q")
+
+
+def _digit_term(t: IndexTerm) -> tuple[str, int, bool] | None:
+    """``(var, c, True)`` for ``var / c``, ``(var, c, False)`` for ``var % c``, else ``None``."""
+    if (
+        isinstance(t, IBin) and t.op in ("/", "%") and isinstance(t.left, IVar)
+        and isinstance(t.right, IConst) and t.right.value > 1
+    ):  # fmt: skip
+        return t.left.name, int(t.right.value), t.op == "/"
+    return None
+
+
+def _terms(t: IndexTerm | Expr) -> list[IndexTerm]:
+    """Every index term inside ``t`` (nested reads included), outermost first."""
+    out: list[IndexTerm] = []
+    stack: list[IndexTerm | Expr] = [t]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Access):
+            stack.extend(node.indices)
+        elif isinstance(node, IBin):
+            out.append(node)
+            stack.extend((node.left, node.right))
+        elif isinstance(node, Bin):
+            stack.extend((node.left, node.right))
+        elif isinstance(node, Call):
+            stack.extend(node.args)
+        elif isinstance(node, Reduce):
+            stack.append(node.body)
+    return out
+
+
+def digit_splits(graph: Graph, layout: Layout) -> dict[int, int]:
+    """The innermost dim to loop as two digits, ``{dim: radix}`` (empty: none).
+
+    A read ``X[i / 32]`` or ``X[i % 32]`` in the vector loop over ``i`` (a ``cat`` or a rotary
+    embedding's halves, an aligned slice) is a division per element and a gather; looped as
+    ``for i_hi: for i_lo in range(32)``, ``i / 32`` is the loop-invariant ``i_hi`` and
+    ``i % 32`` the contiguous ``i_lo``. The radix is the one most such terms use; it divides
+    the dim's extent.
+    """
+    if not layout.inner_dims:
+        return {}
+    d = layout.inner_dims[-1]
+    extent = layout.extents[d]
+    votes: dict[int, int] = {}
+    for op in layout.ops:
+        out = graph.op(op).out
+        for t in [*_terms(layout.exprs[op]), *_terms(out)]:
+            found = isinstance(t, IBin) and _digit_term(t)
+            if found and layout.var_dims[op].get(found[0]) == d and extent % found[1] == 0:
+                if found[1] < extent:
+                    votes[found[1]] = votes.get(found[1], 0) + 1
+    if not votes:
+        return {}
+    return {d: max(votes, key=lambda c: (votes[c], c))}
 
 
 def identity(op: str) -> float:
