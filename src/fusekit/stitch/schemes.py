@@ -446,15 +446,27 @@ def _storage_rank(
     roots: list[tuple[str, str, int | str]],
     classes: Mapping[tuple[str, str, int | str], list[tuple[str, str, int | str]]],
     shapes: Mapping[str, tuple[int | str, ...]],
-) -> list[tuple[int, int]]:
-    """Order anchor dims as the largest tensor touching them stores them (outer first)."""
-    best: list[tuple[int, int]] = []
+) -> list[tuple[float, int, int]]:
+    """Order anchor dims as the tensors touching them store them, by bytes (outer first).
+
+    A dim's place is the mean of its position from the right in each tensor holding it,
+    weighted by the tensor's size: the innermost loop runs along the dim that most of the
+    bytes keep contiguous (one transposed view among several plain arrays does not turn the
+    loop nest). Ties: the largest tensor's order.
+    """
+    best: list[tuple[float, int, int]] = []
     for root in roots:
-        ranked = [
-            (-_numel(shapes[m[1].lstrip("@#")]), int(m[2]) - len(shapes[m[1].lstrip("@#")]))
+        placed = [
+            (_numel(shapes[m[1].lstrip("@#")]), int(m[2]) - len(shapes[m[1].lstrip("@#")]))
             for m in classes[root] if m[0] == "t"
         ]  # fmt: skip
-        best.append(min(ranked) if ranked else (0, 0))
+        if not placed:
+            best.append((0.0, 0, 0))
+            continue
+        total = sum(n for n, _ in placed)
+        mean = sum(n * pos for n, pos in placed) / total
+        largest = min((-n, pos) for n, pos in placed)
+        best.append((round(mean, 9), *largest))
     return best
 
 
