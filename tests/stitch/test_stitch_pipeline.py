@@ -340,3 +340,35 @@ def test_intermediates_are_dropped_after_their_last_reader(target):
     produced = set().union(*seen)
     assert len(produced) > 10  # a plan with many intermediates
     assert seen[-1] <= read_last, seen[-1] - read_last
+
+
+def test_transposed_views_of_a_reshaped_input_stay_views():
+    """A SwiGLU backward as AOTAutograd hands it over: a flat input read as ``[B, S, H]``, and
+    each result returned flat and transposed for the weight gradients. The kernel writes each
+    result once; the transposes are views of it, never copies made in the kernel."""
+    from fusekit.stitch.alone import LayoutViews
+
+    class SwiGluBackward(torch.nn.Module):
+        def forward(self, g, up, gate):
+            g = g.view(2, 8, 24)
+            d_act = (g * up).view(16, 24)
+            s = torch.sigmoid(gate)
+            d_gate = (g * gate * s * (gate * (1 - s) + 1)).view(16, 24)
+            return d_act, d_act.t(), d_gate, d_gate.t()
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(16, 24, generator=gen), *(torch.randn(2, 8, 24, generator=gen)
+                                                  for _ in range(2)))  # fmt: skip
+    cap = capture(SwiGluBackward(), args)
+    planned = PlannedGraph(plan(cap.graph, detect()), cap.constants)
+    kernels = [k for k in planned.kernels if isinstance(k, CpuKernel)]
+    assert len(kernels) == 1
+    written = {name for name, *_ in kernels[0]._outs}
+    assert len(written) == 2, written  # the two results, no transposed copy
+    out = planned.run(cap.values(*args))
+    want = SwiGluBackward()(*args)
+    for name, w in zip(cap.graph.outputs, want, strict=True):
+        torch.testing.assert_close(out[name], w)
+    flat, transposed = out[cap.graph.outputs[0]], out[cap.graph.outputs[1]]
+    assert transposed.data_ptr() == flat.data_ptr() and not transposed.is_contiguous()
+    assert sum(isinstance(k, LayoutViews) for k in planned.kernels) >= 2

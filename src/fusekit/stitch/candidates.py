@@ -25,11 +25,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.graph import Graph
-from fusekit.stitch.classify import FUSABLE, classify_graph, dominant_ops
+from fusekit.stitch.classify import FUSABLE, OpClass, classify_graph, dominant_ops
 from fusekit.stitch.model import GroupCost, estimate
 from fusekit.stitch.schemes import Layout, Unfusable, analyze
 
@@ -62,11 +63,13 @@ class _Grower:
     target: CPUTarget | GPUTarget
     cache: dict[frozenset[str], Candidate | None]
     fusable: set[str]
+    #: layout ops that only feed returned views (:func:`returned_views`): each alone
+    views: set[str] = field(default_factory=set)
     nonconvex: set[frozenset[str]] = field(default_factory=set)
 
     def lone(self, op: str) -> Candidate:
         try:
-            layout = analyze(self.graph, [op]) if op in self.fusable else None
+            layout = analyze(self.graph, [op]) if op in self.fusable | self.views else None
             reason = "" if layout else "not a memory-intensive op"
         except Unfusable as e:
             layout, reason = None, str(e)
@@ -100,6 +103,23 @@ class _Grower:
         return (near & self.fusable) - ops
 
 
+def returned_views(graph: Graph, classes: Mapping[str, OpClass]) -> set[str]:
+    """Layout ops that only feed the graph's outputs through layout ops (and no other op).
+
+    Eager returns these as views of a computed tensor (``out.view(-1, h).t()`` for the next
+    GEMM's backward); each runs alone as a view. Grouped, the first of them would be a copy
+    written by its source's kernel, a transposed one at that.
+    """
+    views: set[str] = set()
+    for op in reversed(graph.ops):
+        if classes.get(op.name) is not OpClass.LAYOUT:
+            continue
+        readers = graph.consumers(op.name)
+        if (op.name in graph.outputs or readers) and all(r.name in views for r in readers):
+            views.add(op.name)
+    return views
+
+
 def enumerate_candidates(
     graph: Graph,
     target: CPUTarget | GPUTarget,
@@ -129,8 +149,9 @@ def enumerate_candidates(
         Distinct candidates, singletons first.
     """
     classes = classify_graph(graph)
-    fusable = {name for name, cls in classes.items() if cls in FUSABLE}
-    grower = _Grower(graph, target, {}, fusable)
+    views = returned_views(graph, classes)
+    fusable = {name for name, cls in classes.items() if cls in FUSABLE} - views
+    grower = _Grower(graph, target, {}, fusable, views)
     lone = {op.name: grower.lone(op.name) for op in graph.ops}
 
     def gain(c: Candidate) -> float:
