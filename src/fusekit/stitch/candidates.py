@@ -25,14 +25,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.ir.expr import Access, IBin, IndexTerm, IVar, walk
 from fusekit.ir.graph import Graph
+from fusekit.ir.op import Op
 from fusekit.stitch.classify import FUSABLE, OpClass, classify_graph, dominant_ops
 from fusekit.stitch.model import GroupCost, estimate
-from fusekit.stitch.schemes import Layout, Unfusable, analyze
+from fusekit.stitch.schemes import Layout, Unfusable, analyze, fold_layouts
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,71 @@ def returned_views(graph: Graph, classes: Mapping[str, OpClass]) -> set[str]:
         readers = graph.consumers(op.name)
         if (op.name in graph.outputs or readers) and all(r.name in views for r in readers):
             views.add(op.name)
-    return views
+    # only chains with a transpose: a returned reshape or unsqueeze costs its group nothing
+    kept: set[str] = set()
+    for leaf in (n for n in graph.outputs if n in views):
+        chain, name = [], leaf
+        while name in views and name not in chain:
+            chain.append(name)
+            sources = [t for t in graph.op(name).inputs if t in views]
+            name = sources[0] if sources else ""
+        if _strided(graph, chain[::-1]):
+            kept.update(chain)
+    return kept
+
+
+def _strided(graph: Graph, chain: Sequence[str]) -> bool:
+    """Whether a chain of layout ops (source first) transposes and each is a strided view.
+
+    A view eager cannot make either (a reshape of a transposed tensor) is better written by
+    its source's kernel than copied again after it.
+    """
+    from fusekit.stitch.alone import fit_strides
+    from fusekit.stitch.codegen.render import strides
+
+    if not any(_transposes(graph.op(n)) for n in chain):
+        return False
+    folded: dict[str, Op] = {}
+    for name in chain:
+        op = graph.op(name)
+        try:
+            read = fold_layouts(op.expr, folded)
+        except Unfusable:
+            return False
+        out_vars = tuple(t.name for t in op.out.indices if isinstance(t, IVar))
+        shape = graph.tensor(name).shape
+        if not isinstance(read, Access) or len(out_vars) != len(op.out.indices):
+            return False
+        source = graph.tensor(read.tensor).shape
+        if not all(isinstance(d, int) for d in (*shape, *source)):
+            return False
+        sizes = tuple(int(d) for d in shape)
+        if (
+            fit_strides(read, out_vars, sizes, tuple(strides(tuple(int(d) for d in source))))
+            is None
+        ):
+            return False
+        folded[name] = op
+    return True
+
+
+def _transposes(op: Op) -> bool:
+    """Whether a layout op reads its source in another order of its variables than it writes."""
+    out = [t.name for t in op.out.indices if isinstance(t, IVar)]
+    read = [
+        v.name for n in walk(op.expr) if isinstance(n, Access)
+        for t in n.indices for v in _ivars(t)
+    ]  # fmt: skip
+    common = [v for v in dict.fromkeys(read) if v in out]
+    return common != [v for v in out if v in common]
+
+
+def _ivars(t: IndexTerm) -> list[IVar]:
+    if isinstance(t, IVar):
+        return [t]
+    if isinstance(t, IBin):
+        return [*_ivars(t.left), *_ivars(t.right)]
+    return []
 
 
 def enumerate_candidates(
