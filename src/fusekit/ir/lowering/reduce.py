@@ -104,6 +104,15 @@ rule("amin", "min")(_reduce_rule(ReduceOp.MIN))
 rule("prod")(_reduce_rule(ReduceOp.PROD))
 
 
+def _variance(
+    x: V, dims: Sequence[int], kept: Sequence[str], red: Sequence[str], mean: Access, corr: float
+) -> Expr:
+    """``sum_red (x - mean)^2 / (n - corr)``, reading the row's mean at ``mean``."""
+    centred = Bin("-", access(x, input_terms(x.rank, dims, kept, red)), mean)
+    count = product([x.shape[d] for d in dims]) - corr
+    return Bin("/", Reduce(ReduceOp.SUM, tuple(red), Bin("*", centred, centred)), Const(count))
+
+
 @rule("var", "std")
 def _var(
     b: Builder,
@@ -119,9 +128,7 @@ def _var(
     corr = correction if correction is not None else (1 if unbiased else 0)
     m_shape = tuple(s for d, s in enumerate(x.shape) if d not in dims)
     mean = reduction(b, f"{o.name}_mean", m_shape, o.dtype, x, dims, ReduceOp.MEAN)
-    centred = Bin("-", access(x, input_terms(x.rank, dims, kept, red)), access(mean, ivars(kept)))
-    count = product([x.shape[d] for d in dims]) - corr
-    expr: Expr = Bin("/", Reduce(ReduceOp.SUM, red, Bin("*", centred, centred)), Const(count))
+    expr = _variance(x, dims, kept, red, access(mean, ivars(kept)), corr)
     if o.packet == "std":
         expr = Call("sqrt", (expr,))
     return b.emit(o.name, o.shape, o.dtype, expr, out_terms(x.rank, dims, kept, red, keepdim))
@@ -157,9 +164,7 @@ def _var_mean(
     (v_shape, v_dtype), (m_shape, m_dtype) = o.metas
     mean = reduction(b, f"{o.name}_mean", m_shape, m_dtype, x, dims, ReduceOp.MEAN, keepdim)
     at_mean = Access(mean.name, tuple(_mean_terms(x.rank, dims, kept, keepdim)))
-    centred = Bin("-", access(x, input_terms(x.rank, dims, kept, red)), at_mean)
-    count = product([x.shape[d] for d in dims]) - corr
-    expr: Expr = Bin("/", Reduce(ReduceOp.SUM, red, Bin("*", centred, centred)), Const(count))
+    expr = _variance(x, dims, kept, red, at_mean, corr)
     var = b.emit(o.name, v_shape, v_dtype, expr, out_terms(x.rank, dims, kept, red, keepdim))
     return var, mean
 
