@@ -26,12 +26,15 @@ from transformers.modeling_utils import PreTrainedModel
 
 import fusekit.nn.hf  # noqa: F401  (registers "fusekit")
 
+#: Outcomes from mildest to worst; a test counts under the worst of its reports.
+_SEVERITY = ("passed", "skipped", "failed", "errors")
+
 
 class FusekitDefault:
     """A pytest plugin: "fusekit" is the default experts implementation; outcomes are counted."""
 
     def __init__(self) -> None:
-        self.outcomes: Counter[str] = Counter()
+        self.by_test: dict[str, str] = {}
         self.restore: Callable[[], None] | None = None
 
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -54,10 +57,25 @@ class FusekitDefault:
             self.restore()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Count each test once: its call phase, or the phase that failed or skipped it."""
-        if report.when == "call" or report.outcome != "passed":
-            failed_setup = report.when != "call" and report.outcome == "failed"
-            self.outcomes["errors" if failed_setup else report.outcome] += 1
+        """Keep each test's worst outcome over its phases and subtests (errors > failed > skipped).
+
+        A subtest (``self.subTest``, pytest's ``subtests``) reports a "call" of its own: a failed
+        one fails its test; passed or skipped ones leave the test's own outcome as it is.
+        """
+        subtest = hasattr(report, "context")  # pytest's SubtestReport (and pytest-subtests')
+        if report.failed:
+            outcome = "failed" if report.when == "call" else "errors"
+        elif subtest or not (report.skipped or report.when == "call"):
+            return
+        else:
+            outcome = report.outcome
+        previous = self.by_test.get(report.nodeid, "passed")
+        self.by_test[report.nodeid] = max(previous, outcome, key=_SEVERITY.index)
+
+    @property
+    def outcomes(self) -> Counter[str]:
+        """How many tests passed, failed, were skipped, or errored (in setup or teardown)."""
+        return Counter(self.by_test.values())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -511,6 +511,16 @@ def test_hf_model_tests_tool_makes_fusekit_the_default(tmp_path) -> None:  # typ
         "    assert model.config._experts_implementation == 'eager'\n"
         "def test_fails():\n"
         "    assert _model().config._experts_implementation == 'grouped_mm'\n"
+        "import unittest\n"
+        "class Sub(unittest.TestCase):\n"  # subtests: one test each, however many pass
+        "    def test_subtests_pass(self):\n"
+        "        for i in range(3):\n"
+        "            with self.subTest(i=i):\n"
+        "                self.assertEqual(_model().config._experts_implementation, 'fusekit')\n"
+        "    def test_a_subtest_fails(self):\n"
+        "        for i in range(2):\n"
+        "            with self.subTest(i=i):\n"
+        "                self.assertEqual(i, 0)\n"
     )
     env = os.environ | {"PYTHONPATH": str(root / "src")}
     done = subprocess.run(
@@ -521,5 +531,5 @@ def test_hf_model_tests_tool_makes_fusekit_the_default(tmp_path) -> None:  # typ
         timeout=300,
     )
     last = done.stdout.strip().splitlines()[-1]
-    assert last == "fusekit experts default: 2 passed, 1 failed, 0 skipped, 0 errors", done.stdout
+    assert last == "fusekit experts default: 3 passed, 2 failed, 0 skipped, 0 errors", done.stdout
     assert done.returncode == 1
