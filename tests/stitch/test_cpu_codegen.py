@@ -102,3 +102,18 @@ def test_piece_loops_are_split_and_versioned(target: CPUTarget, case: str) -> No
         assert "_hi in range(" in body  # the last dim looped as two digits
     with torch.no_grad():
         torch.testing.assert_close(Stitched(module, target)(*args), module(*args))
+
+
+def test_a_recomputed_value_that_reads_a_row_buffer_sets_its_index(target: CPUTarget) -> None:
+    # LayerNorm's output stage recomputes x - mean, whose x (the GELU) is a row buffer: the
+    # stage must compute the buffer's index itself (it read a stale one, the last of the
+    # previous stage, before)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.GELU(), torch.nn.LayerNorm(128))
+    x = torch.randn(32, 16)
+    kernels = [k for *_, k, _ in _kernels(module, (x,), target) if isinstance(k, CpuKernel)]
+    (kernel,) = [k for k in kernels if "buf_gelu" in k.source]
+    last_stage = kernel.source.split("for a1 in range(n_a1):")[-1]
+    assert "buf_gelu" in last_stage and "layer_norm_cent" not in last_stage.split("=")[0]
+    with torch.no_grad():
+        torch.testing.assert_close(Stitched(module, target)(x), module(x), rtol=1e-5, atol=1e-5)

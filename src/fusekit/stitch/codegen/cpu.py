@@ -475,7 +475,22 @@ class _Emitter:
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
-    return [n.tensor for n in walk(lay.exprs[op]) if isinstance(n, Access)]
+    """The tensors ``op``'s value reads, through the group's ops it recomputes.
+
+    A group op that is not buffered is spelled again where it is read (``Renderer.read``), so
+    what it reads is read there too: a row buffer among them needs the stage's ``q``.
+    """
+    out: list[str] = []
+    stack, seen = [op], {op}
+    while stack:
+        for n in walk(lay.exprs[stack.pop()]):
+            if isinstance(n, Access):
+                out.append(n.tensor)
+                t = n.tensor
+                if lay.roles.get(t) is Role.FULL and t not in lay.buffered and t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+    return out
 
 
 def _inner_strides(lay: Layout) -> list[int]:
