@@ -372,3 +372,21 @@ def test_transposed_views_of_a_reshaped_input_stay_views():
     flat, transposed = out[cap.graph.outputs[0]], out[cap.graph.outputs[1]]
     assert transposed.data_ptr() == flat.data_ptr() and not transposed.is_contiguous()
     assert sum(isinstance(k, LayoutViews) for k in planned.kernels) >= 2
+
+
+def test_a_column_reduction_read_through_a_folded_view_is_unfusable():
+    # y reads s through the unsqueeze v, which folds into y: s would be read before it is summed
+    g = parse_graph(
+        """
+        input x: float32[8,4]
+        tensor s: float32[4]
+        tensor v: float32[4,1]
+        tensor y: float32[4,1]
+        s[j] = sum_i x[i,j]
+        v[a,b] = s[a]
+        y[a,b] = v[a,b] * 2.0
+        output y
+        """
+    )
+    with pytest.raises(Unfusable, match="column reduction s is read inside the group"):
+        analyze(g, ["s", "v", "y"])

@@ -402,8 +402,10 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
     if roles is None:
         raise Unfusable("no split of the loops into rows and columns fits every reduction")
     par, inner = tuple(range(split)), tuple(range(split, n))
+    # read inside: by a computed op, directly or through the layout ops folded into it
+    read = {n.tensor for op in computed for n in walk(exprs[op.name]) if isinstance(n, Access)}
     for op in computed:
-        if roles[op.name] is Role.COL_REDUCE and set(graph.successors(op.name)) & produced:
+        if roles[op.name] is Role.COL_REDUCE and op.name in read:
             raise Unfusable(f"column reduction {op.name} is read inside the group")
     steps, buffered = _schedule(computed, exprs, roles, produced)
     scheme = (
