@@ -390,3 +390,15 @@ def test_a_column_reduction_read_through_a_folded_view_is_unfusable():
     )
     with pytest.raises(Unfusable, match="column reduction s is read inside the group"):
         analyze(g, ["s", "v", "y"])
+
+
+def test_a_cast_is_elementwise_not_a_view():
+    class Cast(torch.nn.Module):
+        def forward(self, x):
+            return x.t().to(torch.bfloat16), x.t()
+
+    cap = capture(Cast(), (torch.randn(8, 4),))
+    classes = classify_graph(cap.graph)
+    casts = [n for n in classes if cap.graph.tensor(n).dtype == "bfloat16"]
+    assert casts and all(classes[n] is OpClass.ELEMENTWISE for n in casts)
+    assert OpClass.LAYOUT in classes.values()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fusekit.errors import expected
+from fusekit.ir.expr import Access
 from fusekit.ir.op import Op, OpKind, format_op
 from fusekit.ir.printer import format_tensor
 from fusekit.ir.tensor import Dim, Tensor
@@ -132,6 +133,18 @@ class Graph:
         if name not in self._op_index:
             raise KeyError(expected(f"graph {self.name}", "op", "the name of an op", name))
         return self.ops[self._op_index[name]]
+
+    def moves_only(self, name: str) -> bool:
+        """Whether op ``name`` only moves elements.
+
+        A layout op (:attr:`Op.is_layout`) whose output has its input's dtype: a plain read of
+        another dtype is a cast, which converts every element.
+        """
+        op = self.op(name)
+        if not op.is_layout:
+            return False
+        assert isinstance(op.expr, Access)  # is_layout
+        return self.tensor(op.expr.tensor).dtype == self.tensor(name).dtype
 
     def producer(self, tensor: str) -> Op | None:
         """The op writing ``tensor``, or ``None`` for an input or param."""

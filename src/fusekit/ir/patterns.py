@@ -103,7 +103,7 @@ def _weight(graph: Graph, tensor: str) -> Weight:
             if found is not None and found[0] in graph.params:
                 return Weight(found[0], graph.tensor(found[0]).shape, found[1])
             break
-        if not op.is_layout or len(op.inputs) != 1:
+        if not graph.moves_only(op.name) or len(op.inputs) != 1:
             break
         current = op.inputs[0]
     if current in graph.params:

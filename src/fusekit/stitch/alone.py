@@ -240,7 +240,7 @@ class LayoutViews:
         chained = {
             n: dataclasses.replace(graph.op(n), expr=layout.exprs[n])  # reads of group inputs
             for n in layout.outputs
-            if graph.op(n).is_layout and n in layout.exprs
+            if graph.moves_only(n) and n in layout.exprs
         }
         for name in layout.outputs:
             expr, op = layout.exprs.get(name), graph.op(name)

@@ -67,15 +67,17 @@ def _reduce_class(op: Op) -> OpClass:
     return OpClass.ROW_REDUCE
 
 
-def classify(op: Op) -> OpClass:
-    """The :class:`OpClass` of ``op``.
+def classify(graph: Graph, name: str) -> OpClass:
+    """The :class:`OpClass` of op ``name``.
 
     Args:
-        op: an op of the IR.
+        graph: the op's graph (a plain read of another dtype is a cast: elementwise, not layout).
+        name: the op.
 
     Returns:
         Its class (see the module docstring).
     """
+    op = graph.op(name)
     kind = op.kind
     if kind in (OpKind.OPAQUE, OpKind.GATHER, OpKind.SCATTER):
         return OpClass.OPAQUE
@@ -83,7 +85,7 @@ def classify(op: Op) -> OpClass:
         return OpClass.GEMM
     if kind is OpKind.REDUCE:
         return OpClass.OPAQUE if op.accumulate else _reduce_class(op)
-    if op.is_layout:
+    if graph.moves_only(name):
         return OpClass.LAYOUT
     out = op.out_vars
     for node in walk(op.expr):
@@ -94,12 +96,12 @@ def classify(op: Op) -> OpClass:
 
 def layout_only(graph: Graph, ops: Iterable[str]) -> bool:
     """Whether every op of ``ops`` only moves elements (a group that runs as strided views)."""
-    return all(classify(graph.op(o)) is OpClass.LAYOUT for o in ops)
+    return all(classify(graph, o) is OpClass.LAYOUT for o in ops)
 
 
 def classify_graph(graph: Graph) -> dict[str, OpClass]:
     """The class of every op of ``graph``, by op name."""
-    return {op.name: classify(op) for op in graph.ops}
+    return {op.name: classify(graph, op.name) for op in graph.ops}
 
 
 def dominant_ops(graph: Graph) -> list[str]:

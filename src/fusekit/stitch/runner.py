@@ -171,8 +171,7 @@ def _merged_epilogues(graph: Graph, groups: Sequence[Candidate]) -> dict[str, st
     alone = {next(iter(g.ops)) for g in groups if len(g.ops) == 1}
     merged: dict[str, str | Op] = {}
     for name in alone:
-        op = graph.op(name)
-        if classify(op) is not OpClass.GEMM or len(graph.consumers(name)) != 1:
+        if classify(graph, name) is not OpClass.GEMM or len(graph.consumers(name)) != 1:
             continue
         (reader,) = graph.consumers(name)
         if reader.name not in alone:
@@ -226,7 +225,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
     if group.layout is None:
         if name is not None and isinstance(graph.op(name).expr, Opaque):
             return OpaqueCall(graph, [name])
-        if name is not None and classify(graph.op(name)) is OpClass.GEMM:
+        if name is not None and classify(graph, name) is OpClass.GEMM:
             try:
                 return AtenContraction(graph, name)
             except ValueError:

@@ -292,7 +292,7 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
             raise Unfusable(f"{op.name} is a {op.kind.value} op")
         if any(isinstance(n, Reduce) and _bound_vars(n.body) for n in walk(op.expr)):
             raise Unfusable(f"{op.name} nests reductions")
-    layouts = {op.name: op for op in order if op.is_layout and op.name not in outputs}
+    layouts = {op.name: op for op in order if graph.moves_only(op.name) and op.name not in outputs}
     layouts.update(_inlined(order, layouts, outputs, graph.shapes))
     computed = [op for op in order if op.name not in layouts]
     if not computed:
