@@ -37,8 +37,10 @@ from fusekit.ir.expr import Access, Call, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
+    HALF,
     Dialect,
     Renderer,
+    compute_dtype,
     digit_splits,
     identity,
     load_generated,
@@ -92,6 +94,85 @@ def bits_to_f32(typingctx, x):
         return builder.bitcast(args[0], llvm_ir.FloatType())
 
     return numba.float32(numba.int32), codegen
+
+
+@intrinsic
+def u32_as_f32(typingctx, x):
+    # the low 32 bits of an integer reinterpreted as a float32 (one LLVM bitcast)
+    if not isinstance(x, numba.types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = args[0]
+        if x.bitwidth > 32:
+            bits = builder.trunc(bits, llvm_ir.IntType(32))
+        elif x.bitwidth < 32:
+            bits = builder.zext(bits, llvm_ir.IntType(32))
+        return builder.bitcast(bits, llvm_ir.FloatType())
+
+    return numba.float32(x), codegen
+
+
+@intrinsic
+def f32_as_u32(typingctx, x):
+    # a float32's bits as a uint32 (one LLVM bitcast)
+    if x != numba.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_ir.IntType(32))
+
+    return numba.uint32(x), codegen
+
+
+# 16-bit floats travel as their uint16 bits (numba has no float16 or bfloat16 on the CPU) and are
+# computed in float32. Conversions as torch rounds: to nearest, ties to even; NaN stays NaN.
+@numba.njit(inline="always")
+def bf16_load(h):
+    return u32_as_f32(np.int64(h) << 16)
+
+
+@numba.njit(inline="always")
+def bf16_bits(x):
+    u = np.int64(f32_as_u32(np.float32(x)))
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return np.uint16(0x7FC0 if (u & 0x7FFFFFFF) > 0x7F800000 else r)
+
+
+@numba.njit(inline="always")
+def bf16_round(x):
+    return bf16_load(bf16_bits(x))
+
+
+@numba.njit(inline="always")
+def f16_load(h):
+    # exponent and mantissa shifted into place, then scaled by 2**112 (subnormals included);
+    # an infinity or NaN keeps an all-ones exponent; the sign bit last
+    b = np.int64(h)
+    f = u32_as_f32((b & 0x7FFF) << 13) * np.float32(5.192296858534828e33)
+    u = np.int64(f32_as_u32(f))
+    if f >= np.float32(65536.0):
+        u |= 0x7F800000
+    return u32_as_f32(u | ((b & 0x8000) << 16))
+
+
+@numba.njit(inline="always")
+def f16_bits(x):
+    u = np.int64(f32_as_u32(np.float32(x)))
+    sign = u & 0x80000000
+    a = u ^ sign
+    if a >= 0x47800000:  # past the largest float16: infinity, or NaN
+        o = 0x7E00 if a > 0x7F800000 else 0x7C00
+    elif a < 0x38800000:  # a float16 subnormal (or zero): the float adder rounds it
+        o = np.int64(f32_as_u32(u32_as_f32(a) + np.float32(0.5))) - 0x3F000000
+    else:  # rebias the exponent, round the 13 dropped bits to nearest even
+        o = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
+    return np.uint16(o | (sign >> 16))
+
+
+@numba.njit(inline="always")
+def f16_round(x):
+    return f16_load(f16_bits(x))
 
 
 def _extremum(name, cmp):
@@ -190,6 +271,15 @@ def llvm_interleave(count: int) -> Iterator[None]:
         llvm.set_option("fusekit", "-force-vector-interleave=0")
 
 
+#: the prelude's name stem of each 16-bit float's conversions
+_HALF_NAME = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def _narrow(value: str, dtype: str) -> str:
+    """A float32 value spelled as what an array of ``dtype`` stores (16-bit floats: bits)."""
+    return f"{_HALF_NAME[dtype]}_bits({value})" if dtype in HALF else value
+
+
 def _const(value: float, dtype: str) -> str:
     if math.isinf(value):
         return f"np.{dtype}({'-' if value < 0 else ''}np.inf)"
@@ -208,7 +298,20 @@ def _at(arr: str, off: str) -> str:
     return f"{arr}[np.uint64({off})]"
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, _at)
+def _widen(text: str, dtype: str) -> str:
+    return f"{_HALF_NAME[dtype]}_load({text})"
+
+
+def _round_to(text: str, dtype: str) -> str:
+    return f"{_HALF_NAME[dtype]}_round({text})"
+
+
+def storage_dtype(dtype: str) -> str:
+    """The numpy dtype a kernel views a tensor of ``dtype`` as (16-bit floats: their bits)."""
+    return "uint16" if dtype in HALF else dtype
+
+
+DIALECT = Dialect(_FUNCTIONS, _const, _at, _widen, _round_to)
 #: At most this many loop-invariant ``where`` conditions version the innermost loop (2**n
 #: copies of it).
 MAX_VERSIONED = 2
@@ -248,7 +351,7 @@ class _Emitter:
         if cond:
             self.emit(depth, f"if {cond}:")
             depth += 1
-        self.emit(depth, f"{_at(f'out_{op}', off)} = {value}")
+        self.emit(depth, f"{_at(f'out_{op}', off)} = {_narrow(value, self.graph.tensor(op).dtype)}")
 
     def reduces(self, op: str) -> list[Reduce]:
         return [n for n in walk(self.layout.exprs[op]) if isinstance(n, Reduce)]
@@ -339,7 +442,7 @@ class _Emitter:
         for op in ops:
             role = lay.roles[op]
             if role is Role.FULL:
-                self.emit(inner, f"v_{op} = {r.expr(op, lay.exprs[op], k)}")
+                self.emit(inner, f"v_{op} = {r.value(op, k)}")
                 if op in lay.buffered:
                     self.emit(inner, f"{_at(f'buf_{op}', 'q')} = v_{op}")
                 self.store(inner, op, f"v_{op}", in_stage=True)
@@ -373,7 +476,7 @@ class _Emitter:
                 count = self.extents_of(op, red.vars)
                 name = f"({name} / {self.r.const(float(count), dtype)})"
             self.r.reduce_names[id(red)] = name
-        self.emit(depth, f"v_{op} = {self.r.expr(op, self.layout.exprs[op], None)}")
+        self.emit(depth, f"v_{op} = {self.r.value(op, None)}")
 
     def next_row(self, depth: int) -> None:
         """Count the parallel anchor indices up by one row (innermost first, with carries)."""
@@ -395,7 +498,12 @@ class _Emitter:
             size = math.prod(static_shape(self.graph, op))
             for j, red in enumerate(self.reduces(op)):
                 self.partials.append(
-                    (f"part_{op}_{j}", size, red.op.value, self.graph.tensor(op).dtype)
+                    (
+                        f"part_{op}_{j}",
+                        size,
+                        red.op.value,
+                        compute_dtype(self.graph.tensor(op).dtype),
+                    )
                 )
         trips = [f"n_{r.index(d)}" for d in lay.inner_dims]
         # tensors arrive as data addresses (torch's .numpy() and from_numpy cost microseconds a
@@ -413,13 +521,15 @@ class _Emitter:
         self.emit(0, f"def kernel({', '.join(args)}):")
         for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
             size = math.prod(static_shape(self.graph, t))
-            dtype = self.graph.tensor(t).dtype
+            dtype = storage_dtype(self.graph.tensor(t).dtype)
             self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         self.emit(1, "for c in numba.prange(n_chunks):")
         for op in sorted(lay.buffered):
             self.emit(
-                2, f"buf_{op} = np.empty({lay.inner_numel}, np.{self.graph.tensor(op).dtype})"
+                2,
+                f"buf_{op} = np.empty({lay.inner_numel}, "
+                f"np.{compute_dtype(self.graph.tensor(op).dtype)})",
             )
         for name, size, red_op, dtype in self.partials:
             # a chunk-local accumulator: LLVM vectorises the row loop that updates it (it cannot
@@ -441,7 +551,7 @@ class _Emitter:
         k = 0
         for step in lay.steps:
             if isinstance(step, RowStep):
-                self.emit(3, f"v_{step.op} = {r.expr(step.op, lay.exprs[step.op], None)}")
+                self.emit(3, f"v_{step.op} = {r.value(step.op, None)}")
                 self.store(3, step.op, f"v_{step.op}")
             else:
                 self.stage(3, k, step.ops)
@@ -466,7 +576,7 @@ class _Emitter:
                     + _COMBINE[red.op.value].format(a=f"t{j}", b=f"{part}[c * {size} + k]"),
                 )
             self.finish_reduce(2, op, lambda j: f"t{j}")
-            self.emit(2, f"out_{op}[k] = v_{op}")
+            self.emit(2, f"out_{op}[k] = {_narrow(f'v_{op}', self.graph.tensor(op).dtype)}")
         parallel = "\n".join(self.lines) + "\n"
         # the same loops on the calling thread, for groups too small to pay an OpenMP region
         serial = parallel.replace("@numba.njit(parallel=True, ", "@numba.njit(", 1)
@@ -537,7 +647,7 @@ class CpuKernel:
         self.layout = layout
         shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         moved = sum(
-            math.prod(shapes[t]) * np.dtype(graph.tensor(t).dtype).itemsize
+            math.prod(shapes[t]) * getattr(torch, graph.tensor(t).dtype).itemsize
             for t in (*layout.inputs, *layout.outputs)
         )
         self.serial = moved <= SERIAL_MAX_BYTES or layout.rows == 1 if serial is None else serial

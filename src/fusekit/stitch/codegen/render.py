@@ -28,6 +28,14 @@ from fusekit.ir.graph import Graph
 from fusekit.stitch.schemes import Layout, Role, Stage
 
 FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})
+#: 16-bit floats: stored as they are, computed in float32 (loads widen, values round to them)
+HALF = frozenset({"float16", "bfloat16"})
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype a kernel computes a value of ``dtype`` in: float32 for the 16-bit floats."""
+    return "float32" if dtype in HALF else dtype
+
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +48,15 @@ class Dialect:
         functions: IR function name to a format string over ``{0}``, ``{1}``, ``{2}``.
         typed_const: spells a float constant of a dtype (e.g. ``np.float32(0.5)``).
         read: spells a read of array ``name`` at offset text.
+        widen: spells a loaded 16-bit float (text, its dtype) as a float32.
+        round_to: spells a float32 (text) rounded to a 16-bit dtype, still as a float32.
     """
 
     functions: Mapping[str, str]
     typed_const: Callable[[float, str], str]
     read: Callable[[str, str], str]
+    widen: Callable[[str, str], str]
+    round_to: Callable[[str, str], str]
 
 
 def strides(shape: tuple[int, ...]) -> list[int]:
@@ -123,10 +135,33 @@ class Renderer:
         return " + ".join(parts) or "0"
 
     def const(self, value: float, dtype: str) -> str:
-        """A constant in the dtype of the op using it."""
+        """A constant in the compute dtype of the op using it."""
         if dtype in FLOATS or isinstance(value, float):
-            return self.dialect.typed_const(float(value), dtype if dtype in FLOATS else "float32")
+            return self.dialect.typed_const(
+                float(value), compute_dtype(dtype) if dtype in FLOATS else "float32"
+            )
         return str(int(value))
+
+    def value(self, op: str, reader_stage: int | None) -> str:
+        """Op ``op``'s value: its expression, rounded when the op casts to a 16-bit float.
+
+        Values of 16-bit float ops are computed and kept in float32 (reductions accumulate in
+        it); they are rounded where they are stored, and where the graph casts to a 16-bit
+        float (``x.to(torch.bfloat16)``), so that what the model rounds on purpose is rounded.
+        The ops one ATen op lowers to (a softmax's exp, sum and division) are not rounded one
+        by one, as Inductor does: closer to exact than eager, never further than its rounding.
+        """
+        text = self.expr(op, self.layout.exprs[op], reader_stage)
+        dtype = self.graph.tensor(op).dtype
+        return self.dialect.round_to(text, dtype) if self.casts_to_half(op) else text
+
+    def casts_to_half(self, op: str) -> bool:
+        """Whether ``op`` is a cast (a plain read of another dtype) to a 16-bit float."""
+        dtype = self.graph.tensor(op).dtype
+        if dtype not in HALF:
+            return False
+        expr = self.graph.op(op).expr
+        return isinstance(expr, Access) and self.graph.tensor(expr.tensor).dtype != dtype
 
     def expr(self, op: str, e: Expr, reader_stage: int | None) -> str:
         """Spell ``e`` (an expression of op ``op``); Reduce nodes by their accumulator names."""
@@ -159,13 +194,15 @@ class Renderer:
         name = acc.tensor
         role = self.layout.roles.get(name)
         if role is None:
-            return self.dialect.read(f"in_{name}", self.offset(op, name, acc.indices))
+            text = self.dialect.read(f"in_{name}", self.offset(op, name, acc.indices))
+            dtype = self.graph.tensor(name).dtype
+            return self.dialect.widen(text, dtype) if dtype in HALF else text
         if role in (Role.ROW, Role.ROW_REDUCE):
             return f"v_{name}"
         if reader_stage is not None and self.stage_of[name] == reader_stage:
             return f"v_{name}"
         if name not in self.layout.buffered:  # cheap: recomputed (schemes._schedule)
-            return "(" + self.expr(name, self.layout.exprs[name], reader_stage) + ")"
+            return "(" + self.value(name, reader_stage) + ")"
         return self.dialect.read(f"buf_{name}", "q")
 
 

@@ -36,7 +36,7 @@ import torch
 
 from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.stitch.codegen.render import Dialect, Renderer, identity, load_generated
+from fusekit.stitch.codegen.render import HALF, Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
 from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable
 
@@ -87,7 +87,15 @@ def _const(value: float, dtype: str) -> str:
     return 'float("nan")' if math.isnan(value) else repr(float(value))
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, lambda arr, off: f"{arr}[{off}]")
+#: Triton's spelling of each 16-bit float
+_TL_HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+DIALECT = Dialect(
+    _FUNCTIONS,
+    _const,
+    lambda arr, off: f"{arr}[{off}]",
+    lambda text, dtype: f"{text}.to(tl.float32)",
+    lambda text, dtype: f"({text}).to({_TL_HALF[dtype]}).to(tl.float32)",
+)
 
 
 def _vars(t: IndexTerm) -> list[str]:
@@ -116,12 +124,14 @@ class _TritonRenderer(Renderer):
                 (par, inner)
             )
             masked = f", mask={mask}, other=0.0" if mask else ""
-            return f"tl.load(in_{name} + ({off}){masked})"
+            text = f"tl.load(in_{name} + ({off}){masked})"
+            dtype = self.graph.tensor(name).dtype
+            return self.dialect.widen(text, dtype) if dtype in HALF else text
         if role in (Role.ROW, Role.ROW_REDUCE) or self.registers:
             return f"v_{name}"
         if reader_stage is not None and self.stage_of[name] == reader_stage:
             return f"v_{name}"
-        return "(" + self.expr(name, self.layout.exprs[name], -1) + ")"  # recompute
+        return "(" + self.value(name, -1) + ")"  # recompute
 
 
 class _Emitter:
@@ -171,7 +181,7 @@ class _Emitter:
             self.r.reduce_names[id(red)] = (
                 f"({name} / {count}.0)" if red.op.value == "mean" else name
             )
-        self.emit(depth, f"v_{op} = {self.r.expr(op, self.layout.exprs[op], None)}")
+        self.emit(depth, f"v_{op} = {self.r.value(op, None)}")
 
     def store(self, depth: int, op: str, full: bool) -> None:
         lay = self.layout
@@ -209,7 +219,7 @@ class _Emitter:
         for op in ops:
             role = lay.roles[op]
             if role is Role.FULL:
-                self.emit(depth, f"v_{op} = {r.expr(op, lay.exprs[op], k)}")
+                self.emit(depth, f"v_{op} = {r.value(op, k)}")
                 self.store(depth, op, full=True)
                 continue
             covered = {d for d in lay.var_dims[op].values() if d is not None}
@@ -263,7 +273,7 @@ class _Emitter:
         k = 0
         for step in lay.steps:
             if isinstance(step, RowStep):
-                self.emit(2, f"v_{step.op} = {r.expr(step.op, lay.exprs[step.op], None)}")
+                self.emit(2, f"v_{step.op} = {r.value(step.op, None)}")
                 self.store(2, step.op, full=False)
             else:
                 self.stage(2, k, step.ops)
