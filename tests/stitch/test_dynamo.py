@@ -194,3 +194,25 @@ def test_a_conv_whose_input_needs_no_gradient_trains(compiled_graphs):
     for g, p in zip(got, conv.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-5)
     assert all(g._static is not None and g._static.plan is not None for g in compiled_graphs)
+
+
+def test_group_norm_trains_decomposed(compiled_graphs):
+    from fusekit.ir import OpKind
+
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(4, 16)
+    x = torch.randn(2, 16, 8, 8, requires_grad=True)
+    got = torch.compile(norm, backend="fusekit")(x)
+    got.square().sum().backward()
+    grads = [x.grad.clone(), *(p.grad.clone() for p in norm.parameters())]
+    x.grad = None
+    norm.zero_grad()
+    want = norm(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads, [x.grad, *(p.grad for p in norm.parameters())], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    ops = [op for g in compiled_graphs for op in g._static.plan.graph.ops]
+    assert "native_group_norm" not in " ".join(
+        str(op.expr) for op in ops if op.kind is OpKind.OPAQUE
+    )

@@ -49,7 +49,7 @@ OPTIONS = frozenset({"target", "method", "time_limit_s"})
 
 
 def decompositions() -> dict[Any, Callable[..., Any]]:
-    """Torch's core ATen decompositions plus LayerNorm's, less attention's.
+    """Torch's core ATen decompositions plus LayerNorm's and GroupNorm's, less attention's.
 
     Attention stays one ATen call forward and backward (a contraction, run as eager runs it):
     its decomposed forward saves other tensors than the fused backward reads.
@@ -62,7 +62,9 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
         for op, fn in core_aten_decompositions().items()  # type: ignore[no-untyped-call]
         if "scaled_dot_product" not in str(op)
     }
-    table.update(get_decompositions([aten.native_layer_norm, aten.native_layer_norm_backward]))
+    norms = [aten.native_layer_norm, aten.native_layer_norm_backward]
+    norms += [aten.native_group_norm, aten.native_group_norm_backward]
+    table.update(get_decompositions(norms))
     return table
 
 
