@@ -106,6 +106,12 @@ def _add_sub(b: Builder, o: Out, x: Any, y: Any, alpha: Any = 1) -> V:
     return _map(b, o, lambda e, f: Bin(op, e, _scaled(f, alpha)), x, y)
 
 
+@rule("fma")
+def _fma(b: Builder, o: Out, x: Any, y: Any, z: Any) -> V:
+    # prims.fma (torch's Adam/AdamW decompositions): x * y + z
+    return _map(b, o, lambda e, f, g: Bin("+", Bin("*", e, f), g), x, y, z)
+
+
 @rule("rsub")
 def _rsub(b: Builder, o: Out, x: Any, y: Any, alpha: Any = 1) -> V:
     return _map(b, o, lambda e, f: Bin("-", f, _scaled(e, alpha)), x, y)
@@ -180,6 +186,13 @@ def _dropout(b: Builder, o: Out, x: V, p: float, train: bool) -> V:
     if train and p > 0:
         raise ValueError("dropout in training mode is random; call model.eval() before capture")
     return x
+
+
+@rule("copy")
+def _copy_into(b: Builder, o: Out, dst: V, src: Any, non_blocking: bool = False) -> V:
+    # functional copy (an optimizer writing its parameters back): src broadcast to dst's shape,
+    # in dst's dtype
+    return _map(b, o, lambda d, e: e, dst, src)
 
 
 @rule("clone", "contiguous", "alias", "detach", "lift_fresh_copy", "to", "_to_copy", "type_as")
