@@ -9,7 +9,9 @@ transformers' tests are not shipped in its wheel: point this script at a checkou
 It runs pytest inside the checkout with a plugin that imports :mod:`fusekit.nn.hf` (registering
 "fusekit") and makes "fusekit" what a model gets when nothing asks for another experts
 implementation (transformers' default is "grouped_mm"); tests that ask for one explicitly keep
-it. The last line printed is ``fusekit experts default: N passed, N failed, N skipped, N errors``.
+it. The last line printed is ``fusekit experts default: N passed, N failed, N skipped, N errors``,
+one count per test (subtests fold into their test). docs/nn.md ("transformers' own tests") says how
+a minimal checkout for the Mixtral tests was put together and what it gave.
 """
 
 from __future__ import annotations
