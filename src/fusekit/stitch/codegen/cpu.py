@@ -62,6 +62,8 @@ _FUNCTIONS = {
     "eq": "{0} == {1}", "ne": "{0} != {1}", "lt": "{0} < {1}", "le": "{0} <= {1}",
     "gt": "{0} > {1}", "ge": "{0} >= {1}", "and": "{0} and {1}", "or": "{0} or {1}",
     "floordiv": "np.floor({0} / {1})", "mod": "{0} % {1}", "where": "{1} if {0} else {2}",
+    # both branches evaluated, then one chosen: a vector select, not a branch per element
+    "select": "sel({0}, {1}, {2})",
 }  # fmt: skip
 
 _PRELUDE = """import math
@@ -206,6 +208,12 @@ def _extremum(name, cmp):
 
 fmax = _extremum("llvm.maximum", ">")
 fmin = _extremum("llvm.minimum", "<")
+
+
+@numba.njit(inline="always")
+def sel(c, a, b):
+    # its arguments are evaluated before the call: LLVM sees a select, which vectorises
+    return a if c else b
 
 
 @numba.njit(inline="always", fastmath=True)

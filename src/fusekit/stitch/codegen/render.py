@@ -23,7 +23,19 @@ from pathlib import Path
 from types import ModuleType
 
 from fusekit import paths
-from fusekit.ir.expr import Access, Bin, Call, Const, Expr, IBin, IConst, IndexTerm, IVar, Reduce
+from fusekit.ir.expr import (
+    Access,
+    Bin,
+    Call,
+    Const,
+    Expr,
+    IBin,
+    IConst,
+    IndexTerm,
+    IVar,
+    Reduce,
+    walk,
+)
 from fusekit.ir.graph import Graph
 from fusekit.stitch.schemes import Layout, Role, Stage
 
@@ -45,7 +57,9 @@ class Dialect:
     """How one backend spells expressions.
 
     Attributes:
-        functions: IR function name to a format string over ``{0}``, ``{1}``, ``{2}``.
+        functions: IR function name to a format string over ``{0}``, ``{1}``, ``{2}``;
+            ``"select"``, when given, spells a ``where`` whose branches may both be evaluated
+            (:meth:`Renderer.speculatable`) without a branch.
         typed_const: spells a float constant of a dtype (e.g. ``np.float32(0.5)``).
         read: spells a read of array ``name`` at offset text.
         widen: spells a loaded 16-bit float (text, its dtype) as a float32.
@@ -181,6 +195,9 @@ class Renderer:
                 if self.seen is not None:
                     self.seen.append(cond)
             args = [self.expr(op, a, reader_stage) for a in e.args]
+            select = self.dialect.functions.get("select")
+            if e.fn == "where" and select and all(self.speculatable(op, a) for a in e.args[1:]):
+                return "(" + select.format(*args) + ")"
             power = e.args[1] if e.fn == "pow" else None
             if isinstance(power, Const) and power.value in (1, 2, 3):  # x ** 2: exact products
                 return "(" + " * ".join([args[0]] * int(power.value)) + ")"
@@ -188,6 +205,53 @@ class Renderer:
         if isinstance(e, Reduce):
             return self.reduce_names[id(e)]
         raise ValueError(f"stitch: cannot render {type(e).__name__}")
+
+    def speculatable(self, op: str, e: Expr) -> bool:
+        """Whether ``e`` (of op ``op``) may be evaluated when its value is not used.
+
+        Yes when every read is in bounds for every index the loops take: each index term's
+        range over the anchor extents (:meth:`span`) lies inside the tensor's dim. A padding's
+        ``x[i - p]`` does not: only its ``where`` keeps it in bounds. A group op spelled again
+        where it is read (not buffered) is checked through.
+        """
+        for n in walk(e):
+            if not isinstance(n, Access):
+                continue
+            shape = static_shape(self.graph, n.tensor)
+            for t, size in zip(n.indices, shape, strict=True):
+                span = self.span(op, t)
+                if span is None or span[0] < 0 or span[1] >= size:
+                    return False
+            again = n.tensor in self.layout.exprs and n.tensor not in self.layout.buffered
+            if again and self.layout.roles.get(n.tensor) is Role.FULL:
+                if not self.speculatable(n.tensor, self.layout.exprs[n.tensor]):
+                    return False
+        return True
+
+    def span(self, op: str, t: IndexTerm) -> tuple[int, int] | None:
+        """The least and greatest value of index term ``t`` over the loops (None: unknown)."""
+        if isinstance(t, IVar):
+            d = self.layout.var_dims[op].get(t.name)
+            return (0, 0) if d is None else (0, int(self.layout.extents[d]) - 1)
+        if isinstance(t, IConst):
+            return (int(t.value), int(t.value))
+        if not isinstance(t, IBin):
+            return None  # an indirect index
+        left, right = self.span(op, t.left), self.span(op, t.right)
+        if left is None or right is None:
+            return None
+        (a, b), (c, d) = left, right
+        if t.op == "+":
+            return a + c, b + d
+        if t.op == "-":
+            return a - d, b - c
+        if t.op == "*" and a >= 0 and c >= 0:
+            return a * c, b * d
+        if t.op == "/" and a >= 0 and c == d > 0:
+            return a // c, b // c
+        if t.op == "%" and a >= 0 and c == d > 0:
+            return (a, b) if b < c else (0, c - 1)
+        return None
 
     def read(self, op: str, acc: Access, reader_stage: int | None) -> str:
         """A read of ``acc`` by op ``op`` from inside stage ``reader_stage`` (None: a row step)."""
