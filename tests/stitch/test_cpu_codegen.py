@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from fusekit.hw import CPUTarget, detect
+from fusekit.ir.text import parse_graph
 from fusekit.stitch.codegen.cpu import INTERLEAVE, CpuKernel, interleave_count
 from fusekit.stitch.runner import Stitched, reference_group
+from fusekit.stitch.schemes import analyze
 from fusekit.stitch.workloads import MaskedSoftmax, load_workload
 
 
@@ -117,3 +119,51 @@ def test_a_recomputed_value_that_reads_a_row_buffer_sets_its_index(target: CPUTa
     assert "buf_gelu" in last_stage and "layer_norm_cent" not in last_stage.split("=")[0]
     with torch.no_grad():
         torch.testing.assert_close(Stitched(module, target)(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+class Wheres(torch.nn.Module):
+    """A ReLU backward (plain reads) and a slice_scatter (its source at ``(j + 8) % 16``)."""
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        relu_grad = torch.where(x <= 0, 0.0, g)
+        scattered = torch.slice_scatter(x * 2.0, g[:, :16] * 3.0, dim=1, start=8, end=24)
+        return relu_grad, scattered
+
+
+def _value_lines(kernel: CpuKernel) -> list[str]:
+    body = kernel.source.split("\ndef kernel(")[1].split("def kernel_serial")[0]
+    return [ln.strip() for ln in body.splitlines() if ln.strip().startswith("v_")]
+
+
+def test_a_where_whose_branches_stay_in_bounds_is_a_select(target: CPUTarget) -> None:
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g))
+    selects = []
+    for graph, group, kernel, env in _kernels(Wheres(), args, target):
+        if isinstance(kernel, CpuKernel):
+            selects += [ln for ln in _value_lines(kernel) if "sel(" in ln]
+            got = kernel(env)
+            for k, v in reference_group(graph, group.ops, env).items():
+                torch.testing.assert_close(got[k], v)
+    assert len(selects) == 2, selects  # no branch per element left
+    assert not [ln for ln in selects if " if " in ln]
+
+
+def test_a_where_with_a_read_that_may_leave_bounds_keeps_its_branch(target: CPUTarget) -> None:
+    # x[i - 2] is out of bounds for i < 2: only the condition may decide to read it
+    g = parse_graph(
+        """
+        input m: float32[64]
+        input x: float32[64]
+        tensor y: float32[64]
+        y[i] = where(gt(m[i], 0.5), x[i - 2], 0.0)
+        output y
+        """
+    )
+    kernel = CpuKernel(g, analyze(g, ["y"]))
+    (line,) = [ln for ln in _value_lines(kernel) if ln.startswith("v_y")]
+    assert "sel(" not in line and " if " in line
+    m = (torch.arange(64) >= 2).float()
+    x = torch.randn(64)
+    want = torch.where(m == 1.0, torch.roll(x, 2), torch.zeros(()))
+    torch.testing.assert_close(kernel({"m": m, "x": x})["y"], want)
