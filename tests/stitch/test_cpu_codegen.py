@@ -167,3 +167,25 @@ def test_a_where_with_a_read_that_may_leave_bounds_keeps_its_branch(target: CPUT
     x = torch.randn(64)
     want = torch.where(m == 1.0, torch.roll(x, 2), torch.zeros(()))
     torch.testing.assert_close(kernel({"m": m, "x": x})["y"], want)
+
+
+class SwiGLU(torch.nn.Module):
+    """SwiGLU on GEMM outputs, whose reshapes the graph also returns (saved for a backward)."""
+
+    def forward(self, g: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g3, u3 = g.view(4, 8, 48), u.view(4, 8, 48)
+        return g3, u3, torch.nn.functional.silu(g3) * u3
+
+
+def test_returned_reshapes_of_a_kernels_inputs_are_views_not_copies(target: CPUTarget) -> None:
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(32, 48, generator=g), torch.randn(32, 48, generator=g))
+    (kernel,) = [k for *_, k, _ in _kernels(SwiGLU(), args, target) if isinstance(k, CpuKernel)]
+    assert len(kernel._views) == 2
+    assert kernel.source.count("out_") == kernel.source.count("out_mul") > 0  # one output
+    got = Stitched(SwiGLU(), target)(*args)
+    for out, src in zip(got[:2], args, strict=True):
+        assert out.data_ptr() == src.data_ptr()
+    with torch.no_grad():
+        for a, b in zip(got, SwiGLU()(*args), strict=True):
+            torch.testing.assert_close(a, b)

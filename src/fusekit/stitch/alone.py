@@ -31,7 +31,8 @@ from fusekit.ir.op import Op
 from fusekit.stitch.schemes import Layout, Unfusable, fold_layouts
 
 
-def _plain_vars(acc: Access) -> tuple[str, ...] | None:
+def plain_vars(acc: Access) -> tuple[str, ...] | None:
+    """The variables of a plain read, in index order (``None``: some index is computed)."""
     return tuple(t.name for t in acc.indices if isinstance(t, IVar)) if acc.is_plain else None
 
 
@@ -64,8 +65,8 @@ class AtenContraction:
         ):  # fmt: skip
             raise ValueError(f"stitch: {name} is not a sum of a product of two reads")
         a, b = expr.body.left, expr.body.right
-        va, vb, vo = _plain_vars(a), _plain_vars(b), _plain_vars(op.out)
-        vc = _plain_vars(bias) if bias is not None else ()
+        va, vb, vo = plain_vars(a), plain_vars(b), plain_vars(op.out)
+        vc = plain_vars(bias) if bias is not None else ()
         if va is None or vb is None or vo is None or vc is None:
             raise ValueError(f"stitch: {name} reads at computed indices")
         self.name, self.a, self.b = name, a.tensor, b.tensor
@@ -154,7 +155,7 @@ class AtenReduction:
             and isinstance(expr.body, Access) and not op.accumulate
         ):  # fmt: skip
             raise ValueError(f"stitch: {name} is not a reduction of one read")
-        va, vo = _plain_vars(expr.body), _plain_vars(op.out)
+        va, vo = plain_vars(expr.body), plain_vars(op.out)
         if va is None or vo is None or sorted(va) != sorted((*vo, *expr.vars)):
             raise ValueError(f"stitch: {name} reads at computed indices")
         self.name, self.src, self.call = name, expr.body.tensor, _ATEN_REDUCTIONS[expr.op]
@@ -249,7 +250,7 @@ class LayoutViews:
                     expr = fold_layouts(expr, {k: v for k, v in chained.items() if k != name})
                 except Unfusable:
                     expr = None
-            vars_ = _plain_vars(op.out)
+            vars_ = plain_vars(op.out)
             if not isinstance(expr, Access) or vars_ is None or expr.tensor in layout.exprs:
                 raise ValueError(f"stitch: {name} is not a read of a group input")
             self.reads[name] = (expr, vars_, tuple(int(s) for s in graph.tensor(name).shape))

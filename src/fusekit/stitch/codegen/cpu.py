@@ -21,6 +21,7 @@ Every group also has a reference: the same ops run by :func:`fusekit.ir.interpre
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +36,7 @@ import torch
 from fusekit.errors import expected
 from fusekit.ir.expr import Access, Call, Reduce, walk
 from fusekit.ir.graph import Graph
+from fusekit.stitch.alone import fit_strides, plain_vars
 from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.render import (
     HALF,
@@ -45,6 +47,7 @@ from fusekit.stitch.codegen.render import (
     identity,
     load_generated,
     static_shape,
+    strides,
 )
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
 
@@ -650,9 +653,14 @@ class CpuKernel:
     """
 
     def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
+        self.layout = layout
+        self._views = input_views(graph, layout)
+        if self._views:  # not written by the kernel: strided views of the inputs it reads
+            layout = dataclasses.replace(
+                layout, outputs=tuple(t for t in layout.outputs if t not in self._views)
+            )
         emitter = _Emitter(graph, layout)
         self.source, _, _ = emitter.kernel()
-        self.layout = layout
         shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         moved = sum(
             math.prod(shapes[t]) * getattr(torch, graph.tensor(t).dtype).itemsize
@@ -685,7 +693,34 @@ class CpuKernel:
                 self._fn(*addrs, *parts, chunks, *self._trips)
         else:
             self._fn(*addrs, *parts, chunks, *self._trips)
+        for t, (k, shape, (base, step)) in self._views.items():
+            out[t] = torch.as_strided(ins[k], shape, step, base)
         return out
+
+
+def input_views(
+    graph: Graph, layout: Layout
+) -> dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]:
+    """Outputs of a group that are strided views of one of its (contiguous) inputs.
+
+    A returned reshape of an input (a SwiGLU's ``view`` of a GEMM output, saved for the
+    backward) would be written by the kernel as a copy of what it reads; it is returned as a
+    view of the input instead, as eager returns one. ``{output: (input index, shape, (storage
+    offset, strides))}``; the kernel's inputs are contiguous when it runs.
+    """
+    out = {}
+    for t in layout.outputs:
+        expr = layout.exprs.get(t)
+        if not graph.moves_only(t) or not isinstance(expr, Access) or expr.tensor in layout.exprs:
+            continue
+        out_vars = plain_vars(graph.op(t).out)
+        shape = static_shape(graph, t)
+        if out_vars is None or expr.tensor not in layout.inputs:
+            continue
+        fit = fit_strides(expr, out_vars, shape, tuple(strides(static_shape(graph, expr.tensor))))
+        if fit is not None:
+            out[t] = (layout.inputs.index(expr.tensor), shape, fit)
+    return out
 
 
 def _contiguous_cpu(t: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
