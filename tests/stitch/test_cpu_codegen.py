@@ -189,3 +189,37 @@ def test_returned_reshapes_of_a_kernels_inputs_are_views_not_copies(target: CPUT
     with torch.no_grad():
         for a, b in zip(got, SwiGLU()(*args), strict=True):
             torch.testing.assert_close(a, b)
+
+
+def test_strided_inputs_are_read_in_place_by_a_variant(target: CPUTarget) -> None:
+    # attention's gradients arrive transposed, a rotary embedding's halves sliced: the kernel
+    # reads them with their strides (a variant compiled for them), no contiguous copy first
+    class AddCat(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.cat((a + 1.0, b * 2.0), dim=-1).sum(0)
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(6, 4, 16, generator=g), torch.randn(6, 4, 8, generator=g))
+    stitched = Stitched(AddCat(), target)
+    _, planned = stitched.prepare(*args)
+    (kernel,) = [k for k in planned.kernels if isinstance(k, CpuKernel)]
+    base_a = torch.randn(4, 6, 16, generator=g)
+    strided = (base_a.transpose(0, 1), torch.randn(6, 4, 20, generator=g)[..., 3:11])
+    copies = []
+    real = torch.Tensor.contiguous
+
+    def contiguous(x: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+        if not x.is_contiguous():
+            copies.append(x.shape)
+        return real(x, *a, **k)  # type: ignore[arg-type]
+
+    torch.Tensor.contiguous = contiguous  # type: ignore[method-assign]
+    try:
+        got = stitched(*strided)
+    finally:
+        torch.Tensor.contiguous = real  # type: ignore[method-assign]
+    with torch.no_grad():
+        torch.testing.assert_close(got, AddCat()(*strided))
+    assert not copies
+    assert len(kernel._variants) == 2  # contiguous (built with the plan) and this signature
+    torch.testing.assert_close(stitched(*args), AddCat()(*args))

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -331,9 +332,14 @@ _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
 
 
 class _Emitter:
-    def __init__(self, graph: Graph, layout: Layout) -> None:
+    def __init__(
+        self, graph: Graph, layout: Layout, given: Mapping[str, tuple[int, ...]] | None = None
+    ) -> None:
         self.graph, self.layout = graph, layout
-        self.r = Renderer(graph, layout, DIALECT, digits=digit_splits(graph, layout))
+        self.given = dict(given or {})  # inputs read with these strides (others contiguous)
+        self.r = Renderer(
+            graph, layout, DIALECT, digits=digit_splits(graph, layout), given=self.given
+        )
         self.lines: list[str] = []
         self.partials: list[tuple[str, int, str, str]] = []  # (name, size, op, dtype)
 
@@ -532,6 +538,9 @@ class _Emitter:
         self.emit(0, f"def kernel({', '.join(args)}):")
         for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
             size = math.prod(static_shape(self.graph, t))
+            if t in self.given:  # the elements a strided input spans
+                shape = static_shape(self.graph, t)
+                size = 1 + sum((n - 1) * st for n, st in zip(shape, self.given[t], strict=True))
             dtype = storage_dtype(self.graph.tensor(t).dtype)
             self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
@@ -642,8 +651,29 @@ def compile_source(source: str, serial: bool = False) -> Callable[..., Any]:
     return kernel
 
 
+#: stride signatures of its inputs one kernel compiles a variant for; inputs of further ones are
+#: copied to contiguous memory (each variant costs a numba compilation)
+MAX_VARIANTS = 4
+
+
+@dataclass
+class _Variant:
+    """The kernel compiled for one stride signature of its inputs."""
+
+    source: str
+    views: dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]
+    outs: list[tuple[str, tuple[int, ...], torch.dtype]]
+    part_specs: list[tuple[int, np.dtype[Any]]]
+    fn: Callable[..., Any] | None = None
+
+
 class CpuKernel:
     """A compiled group: call it with the group's input tensors, get its outputs.
+
+    The kernel reads each input with the strides it has: a transposed or sliced input (the
+    gradients of attention, a rotary embedding's halves) is not copied first. The source for
+    contiguous inputs is :attr:`source`; another stride signature compiles a variant at its
+    first call (at most :data:`MAX_VARIANTS`).
 
     Args:
         graph: the planned graph.
@@ -653,14 +683,7 @@ class CpuKernel:
     """
 
     def __init__(self, graph: Graph, layout: Layout, serial: bool | None = None) -> None:
-        self.layout = layout
-        self._views = input_views(graph, layout)
-        if self._views:  # not written by the kernel: strided views of the inputs it reads
-            layout = dataclasses.replace(
-                layout, outputs=tuple(t for t in layout.outputs if t not in self._views)
-            )
-        emitter = _Emitter(graph, layout)
-        self.source, _, _ = emitter.kernel()
+        self.graph, self.layout = graph, layout
         shapes = {t: static_shape(graph, t) for t in (*layout.inputs, *layout.outputs)}
         moved = sum(
             math.prod(shapes[t]) * getattr(torch, graph.tensor(t).dtype).itemsize
@@ -670,43 +693,81 @@ class CpuKernel:
         # what a call needs, precomputed: a call costs microseconds of Python around the kernel
         self._rows = layout.rows
         self._ins = [(t, getattr(torch, graph.tensor(t).dtype)) for t in layout.inputs]
-        self._outs = [(t, shapes[t], getattr(torch, graph.tensor(t).dtype)) for t in layout.outputs]
-        self._part_specs = [(size, np.dtype(dtype)) for _, size, _, dtype in emitter.partials]
-        self._fn: Callable[..., Any] | None = None
         self.interleave = interleave_count(graph, layout)
         self._trips = [layout.extents[d] for d in layout.inner_dims]
+        self._contiguous = tuple(tuple(strides(shapes[t])) for t in layout.inputs)
+        self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
+        default = self._variant(self._contiguous)
+        self.source, self._views, self._outs = default.source, default.views, default.outs
+
+    def _variant(self, key: tuple[tuple[int, ...], ...]) -> _Variant:
+        """The kernel for inputs of strides ``key`` (generated, not yet compiled)."""
+        hit = self._variants.get(key)
+        if hit is not None:
+            return hit
+        graph, layout = self.graph, self.layout
+        given = dict(zip(layout.inputs, key, strict=True))
+        views = input_views(graph, layout, given)
+        if views:  # not written by the kernel: strided views of the inputs it reads
+            layout = dataclasses.replace(
+                layout, outputs=tuple(t for t in layout.outputs if t not in views)
+            )
+        plain = dict(zip(layout.inputs, self._contiguous, strict=True))
+        emitter = _Emitter(graph, layout, {t: s for t, s in given.items() if s != plain[t]})
+        source, _, _ = emitter.kernel()
+        outs = [
+            (t, static_shape(graph, t), getattr(torch, graph.tensor(t).dtype))
+            for t in layout.outputs
+        ]
+        parts = [(size, np.dtype(dtype)) for _, size, _, dtype in emitter.partials]
+        variant = self._variants[key] = _Variant(source, views, outs, parts)
+        return variant
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
-        first = self._fn is None
-        if self._fn is None:
-            self._fn = compile_source(self.source, self.serial)
-        # the kernel takes data addresses: inputs made contiguous (a copy only when they are
-        # not), outputs allocated by torch in their shapes; the tensors outlive the call
-        ins = [_contiguous_cpu(values[t], t, dtype) for t, dtype in self._ins]
-        out = {t: torch.empty(shape, dtype=dtype) for t, shape, dtype in self._outs}
+        ins = [_checked_cpu(values[t], t, dtype) for t, dtype in self._ins]
+        key = tuple(x.stride() for x in ins)
+        variant = self._variants.get(key)
+        if variant is None:
+            if len(self._variants) < MAX_VARIANTS and _readable(ins):
+                variant = self._variant(key)
+            else:  # copies in contiguous memory
+                ins = [x.contiguous() for x in ins]
+                variant = self._variants[self._contiguous]
+        first = variant.fn is None
+        if variant.fn is None:
+            variant.fn = compile_source(variant.source, self.serial)
+        # the kernel takes data addresses; outputs allocated by torch in their shapes, the
+        # tensors outlive the call
+        out = {t: torch.empty(shape, dtype=dtype) for t, shape, dtype in variant.outs}
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
-        parts = [np.empty(chunks * size, dtype) for size, dtype in self._part_specs]
+        parts = [np.empty(chunks * size, dtype) for size, dtype in variant.part_specs]
         addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
         if first:  # numba compiles (or loads its cache) on the first call
             with llvm_interleave(self.interleave):
-                self._fn(*addrs, *parts, chunks, *self._trips)
+                variant.fn(*addrs, *parts, chunks, *self._trips)
         else:
-            self._fn(*addrs, *parts, chunks, *self._trips)
-        for t, (k, shape, (base, step)) in self._views.items():
-            out[t] = torch.as_strided(ins[k], shape, step, base)
+            variant.fn(*addrs, *parts, chunks, *self._trips)
+        for t, (k, shape, (base, step)) in variant.views.items():
+            x = ins[k]
+            out[t] = torch.as_strided(x, shape, step, x.storage_offset() + base)
         return out
 
 
+def _readable(ins: list[torch.Tensor]) -> bool:
+    """Whether every input can be read in place: non-negative strides, no empty one."""
+    return all(x.numel() > 0 and min(x.stride(), default=0) >= 0 for x in ins)
+
+
 def input_views(
-    graph: Graph, layout: Layout
+    graph: Graph, layout: Layout, given: Mapping[str, tuple[int, ...]] | None = None
 ) -> dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]:
-    """Outputs of a group that are strided views of one of its (contiguous) inputs.
+    """Outputs of a group that are strided views of one of its inputs.
 
     A returned reshape of an input (a SwiGLU's ``view`` of a GEMM output, saved for the
     backward) would be written by the kernel as a copy of what it reads; it is returned as a
-    view of the input instead, as eager returns one. ``{output: (input index, shape, (storage
-    offset, strides))}``; the kernel's inputs are contiguous when it runs.
+    view of the input instead, as eager returns one. ``given``: the inputs' strides (default
+    contiguous). ``{output: (input index, shape, (offset from the input's, strides))}``.
     """
     out = {}
     for t in layout.outputs:
@@ -717,21 +778,21 @@ def input_views(
         shape = static_shape(graph, t)
         if out_vars is None or expr.tensor not in layout.inputs:
             continue
-        fit = fit_strides(expr, out_vars, shape, tuple(strides(static_shape(graph, expr.tensor))))
+        src = (given or {}).get(expr.tensor) or tuple(strides(static_shape(graph, expr.tensor)))
+        fit = fit_strides(expr, out_vars, shape, src)
         if fit is not None:
             out[t] = (layout.inputs.index(expr.tensor), shape, fit)
     return out
 
 
-def _contiguous_cpu(t: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` itself when it is a contiguous CPU tensor, else a contiguous copy.
+def _checked_cpu(t: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` when it is a CPU tensor of ``dtype`` (the kernel reads its memory).
 
     Raises:
-        ValueError: for a tensor off the CPU or of another dtype than planned (the kernel reads
-            raw memory).
+        ValueError: for a tensor off the CPU or of another dtype than planned.
     """
     if not t.is_cpu or t.dtype is not dtype:
         got = f"{str(t.dtype).removeprefix('torch.')} on {t.device}"
         want = str(dtype).removeprefix("torch.")
         raise ValueError(expected("stitch", name, f"a {want} CPU tensor", got))
-    return t if t.is_contiguous() else t.contiguous()
+    return t

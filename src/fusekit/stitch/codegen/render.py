@@ -104,6 +104,8 @@ class Renderer:
     fixed: dict[str, bool] = field(default_factory=dict)
     #: when a list, every ``where`` condition spelled is appended to it (see ``conditions``)
     seen: list[str] | None = None
+    #: strides of the inputs read with other strides than row-major contiguous
+    given: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         k = 0
@@ -140,9 +142,10 @@ class Renderer:
         return f"{self.index(d)}_{'hi' if high else 'lo'}"
 
     def offset(self, op: str, tensor: str, terms: tuple[IndexTerm, ...]) -> str:
-        """The flat offset of ``tensor[terms]`` (row-major, contiguous)."""
+        """The flat offset of ``tensor[terms]`` (its :attr:`given` strides, else contiguous)."""
         parts = []
-        for t, s in zip(terms, strides(static_shape(self.graph, tensor)), strict=True):
+        steps = self.given.get(tensor) or strides(static_shape(self.graph, tensor))
+        for t, s in zip(terms, steps, strict=True):
             text = self.term(op, t)
             if text != "0":
                 parts.append(text if s == 1 else f"{text} * {s}")
