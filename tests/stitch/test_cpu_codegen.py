@@ -223,3 +223,7 @@ def test_strided_inputs_are_read_in_place_by_a_variant(target: CPUTarget) -> Non
     assert not copies
     assert len(kernel._variants) == 2  # contiguous (built with the plan) and this signature
     torch.testing.assert_close(stitched(*args), AddCat()(*args))
+    # a transpose of the last two dims would be gathered element by element: copied instead
+    columns = (torch.randn(6, 16, 4, generator=g).transpose(1, 2), args[1])
+    torch.testing.assert_close(stitched(*columns), AddCat()(*columns))
+    assert len(kernel._variants) == 2

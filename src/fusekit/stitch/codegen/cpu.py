@@ -755,8 +755,19 @@ class CpuKernel:
 
 
 def _readable(ins: list[torch.Tensor]) -> bool:
-    """Whether every input can be read in place: non-negative strides, no empty one."""
-    return all(x.numel() > 0 and min(x.stride(), default=0) >= 0 for x in ins)
+    """Whether every input is read in place: rows contiguous, non-negative strides, not empty.
+
+    A transpose of leading dims (attention's gradients) or a slice of the last one keeps each
+    row contiguous, and the vector loop streams it; an input whose last dim is strided (a
+    transpose of the last two) would be gathered element by element, slower than torch's
+    blocked copy followed by a contiguous kernel.
+    """
+    for x in ins:
+        if x.numel() == 0 or min(x.stride(), default=0) < 0:
+            return False
+        if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1 and not x.is_contiguous():
+            return False
+    return True
 
 
 def input_views(
