@@ -134,17 +134,19 @@ class Graph:
             raise KeyError(expected(f"graph {self.name}", "op", "the name of an op", name))
         return self.ops[self._op_index[name]]
 
+    def is_cast(self, name: str) -> bool:
+        """Whether op ``name`` is a read of another dtype (``x.to(torch.bfloat16)``)."""
+        expr = self.op(name).expr
+        return (
+            isinstance(expr, Access) and self.tensor(expr.tensor).dtype != self.tensor(name).dtype
+        )
+
     def moves_only(self, name: str) -> bool:
         """Whether op ``name`` only moves elements.
 
-        A layout op (:attr:`Op.is_layout`) whose output has its input's dtype: a plain read of
-        another dtype is a cast, which converts every element.
+        A layout op (:attr:`Op.is_layout`) that is not a cast, which converts every element.
         """
-        op = self.op(name)
-        if not op.is_layout:
-            return False
-        assert isinstance(op.expr, Access)  # is_layout
-        return self.tensor(op.expr.tensor).dtype == self.tensor(name).dtype
+        return self.op(name).is_layout and not self.is_cast(name)
 
     def producer(self, tensor: str) -> Op | None:
         """The op writing ``tensor``, or ``None`` for an input or param."""

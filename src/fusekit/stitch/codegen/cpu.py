@@ -47,6 +47,7 @@ from fusekit.stitch.codegen.render import (
     digit_splits,
     identity,
     load_generated,
+    recomputed,
     static_shape,
     strides,
 )
@@ -336,9 +337,8 @@ class _Emitter:
         self, graph: Graph, layout: Layout, given: Mapping[str, tuple[int, ...]] | None = None
     ) -> None:
         self.graph, self.layout = graph, layout
-        self.given = dict(given or {})  # inputs read with these strides (others contiguous)
         self.r = Renderer(
-            graph, layout, DIALECT, digits=digit_splits(graph, layout), given=self.given
+            graph, layout, DIALECT, digits=digit_splits(graph, layout), given=dict(given or {})
         )
         self.lines: list[str] = []
         self.partials: list[tuple[str, int, str, str]] = []  # (name, size, op, dtype)
@@ -538,9 +538,9 @@ class _Emitter:
         self.emit(0, f"def kernel({', '.join(args)}):")
         for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
             size = math.prod(static_shape(self.graph, t))
-            if t in self.given:  # the elements a strided input spans
+            if t in self.r.given:  # the elements a strided input spans
                 shape = static_shape(self.graph, t)
-                size = 1 + sum((n - 1) * st for n, st in zip(shape, self.given[t], strict=True))
+                size = 1 + sum((n - 1) * st for n, st in zip(shape, self.r.given[t], strict=True))
             dtype = storage_dtype(self.graph.tensor(t).dtype)
             self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
@@ -617,7 +617,7 @@ def _reads(lay: Layout, op: str) -> list[str]:
             if isinstance(n, Access):
                 out.append(n.tensor)
                 t = n.tensor
-                if lay.roles.get(t) is Role.FULL and t not in lay.buffered and t not in seen:
+                if recomputed(lay, t) and t not in seen:
                     seen.add(t)
                     stack.append(t)
     return out

@@ -173,12 +173,8 @@ class Renderer:
         return self.dialect.round_to(text, dtype) if self.casts_to_half(op) else text
 
     def casts_to_half(self, op: str) -> bool:
-        """Whether ``op`` is a cast (a plain read of another dtype) to a 16-bit float."""
-        dtype = self.graph.tensor(op).dtype
-        if dtype not in HALF:
-            return False
-        expr = self.graph.op(op).expr
-        return isinstance(expr, Access) and self.graph.tensor(expr.tensor).dtype != dtype
+        """Whether ``op`` is a cast to a 16-bit float."""
+        return self.graph.tensor(op).dtype in HALF and self.graph.is_cast(op)
 
     def expr(self, op: str, e: Expr, reader_stage: int | None) -> str:
         """Spell ``e`` (an expression of op ``op``); Reduce nodes by their accumulator names."""
@@ -225,8 +221,7 @@ class Renderer:
                 span = self.span(op, t)
                 if span is None or span[0] < 0 or span[1] >= size:
                     return False
-            again = n.tensor in self.layout.exprs and n.tensor not in self.layout.buffered
-            if again and self.layout.roles.get(n.tensor) is Role.FULL:
+            if recomputed(self.layout, n.tensor):
                 if not self.speculatable(n.tensor, self.layout.exprs[n.tensor]):
                     return False
         return True
@@ -271,6 +266,11 @@ class Renderer:
         if name not in self.layout.buffered:  # cheap: recomputed (schemes._schedule)
             return "(" + self.value(name, reader_stage) + ")"
         return self.dialect.read(f"buf_{name}", "q")
+
+
+def recomputed(layout: Layout, name: str) -> bool:
+    """Whether group op ``name`` is spelled again where it is read (a full op, not buffered)."""
+    return layout.roles.get(name) is Role.FULL and name not in layout.buffered
 
 
 def _digit_term(t: IndexTerm) -> tuple[str, int, bool] | None:
