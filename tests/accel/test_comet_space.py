@@ -11,7 +11,11 @@ import pytest
 from fusekit.accel.comet.files import read_case
 from fusekit.accel.comet.space import Space, arch_constraints
 from fusekit.accel.compat import Compat
+from fusekit.accel.tree import pre_order
 from fusekit.accel.tree_model import FitError, analyse, ideal_op_cycles
+from fusekit.accel.tree_model.nests import build_movements, build_nests
+from fusekit.accel.tree_model.records import Move, MoveRow
+from fusekit.accel.tree_model.steady import SteadyState
 from fusekit.hw import load
 from fusekit.hw.cpu_gpu import plain
 
@@ -108,3 +112,47 @@ def test_leaf_memo_gives_the_reference_record(op, hw):
                 assert analyse(sp.inputs(t, extents), compat=compat, memo=memo) == ref, t
                 checked += 1
             assert checked == 6 and memo  # leaves were kept
+
+
+def _folds(inp, compat: Compat) -> int:
+    """Leaves of ``inp`` that the steady state folds (:meth:`SteadyState.leaf_period`)."""
+    nests = build_nests(inp)
+    ss = SteadyState(inp, nests, build_movements(inp, nests), compat)
+    return sum(1 for n in pre_order(inp.mapping) if n.is_leaf_tile and ss.leaf_period(n))
+
+
+@pytest.mark.parametrize("op", (*OPS, "attention"))
+@pytest.mark.parametrize("hw", ["edge", "cloud"])
+def test_folded_leaves_give_the_walked_record(op, hw):
+    # a leaf evaluated over two and three periods and extended must give every number of the
+    # report (cycles table, energy rows, loop nest) that walking all its iterations gives
+    sp = _space(op, hw)
+    folded = checked = 0
+    for dims in SHAPES[hw]:
+        extents = dict(zip("MNK", dims, strict=True))
+        tilings = sp.tilings(extents, arch_constraints(sp.arch))
+        random.Random(5).shuffle(tilings)
+        for t in tilings[:4]:
+            for compat in (Compat(), Compat.native()):
+                try:
+                    ref = analyse(sp.inputs(t, extents), compat=compat, fold=False)
+                except FitError:
+                    continue
+                inp = sp.inputs(t, extents)
+                folded += _folds(inp, compat)
+                assert analyse(inp, compat=compat) == ref, (dims, t)
+                checked += 1
+    assert checked >= 12 and folded >= 4  # folding was exercised
+
+
+@pytest.mark.parametrize("period", [0, 1, 3, 4])
+@pytest.mark.parametrize("n", [0, 1, 5, 12])
+def test_move_row_is_the_list_it_stands_for(period, n):
+    moved, kept = Move(8, 1, 2), Move(8, 0, 2)
+    ref = [moved if i == 0 or (period and i % period == 0) else kept for i in range(n)]
+    row = MoveRow(n, period, moved, kept)
+    assert list(row) == ref and len(row) == n
+    assert [row[i] for i in range(n)] == ref and (n == 0 or row[-1] is ref[-1])
+    assert list(row[:3]) == ref[:3] and list(row[: n + 4]) == ref
+    assert row.moving() == sum(1 for m in ref if m.unique)
+    assert MoveRow(n, period, moved, moved).moving() == n

@@ -18,7 +18,10 @@ The stages, run by :func:`.stages.analyse`, one module each:
    iteration (:mod:`.transfers`) against the child's compute window (:mod:`.compute`: stalls,
    ramp-up of the first read, ramp-down of the last write), merged per target level and port
    (:mod:`.merge`); a node's cycles are the compute window plus ramps plus stalls; a temporal
-   node with sequential children sums them; a collective costs :mod:`.collectives`.
+   node with sequential children sums them; a collective costs :mod:`.collectives`. A leaf
+   whose transfers repeat every ``L`` iterations is evaluated over ``2L`` and ``3L`` and its
+   totals extended to its ``n`` (:meth:`.steady.SteadyState.leaf_period`; bit-identical to
+   walking every iteration, which ``analyse(..., fold=False)`` does).
 5. :mod:`.energy`: pre-order; accesses x energy per ``width``-byte block, scaled by the parents'
    iterations and spatial instances; compute energy per op; router energy of the transfers.
 6. :mod:`.report`: COMET's per-unit table (CS: ramps, OS: exposed transfers and collectives,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from fusekit.accel.tree import Hierarchy, TreeMapping, TreeNode
-from fusekit.accel.tree_model.records import Move, Moves, Nest, Nests, TreeModelError
+from fusekit.accel.tree_model.records import Move, MoveRow, Moves, Nest, Nests, TreeModelError
 
 
 def extent_after(node: TreeNode, extent: dict[int, int], arch: Hierarchy) -> dict[int, int]:
@@ -127,16 +127,19 @@ def build_nests(inp: TreeMapping) -> Nests:
     return walk.out
 
 
-def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -> list[Move]:
-    """Walk a temporal node's iterations (innermost dim first); a tile moves when it changes."""
+def temporal_period(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -> tuple[int, int]:
+    """A temporal node's tensor ``t``: its tile (elements) and how often a new one moves.
+
+    The tile changes when a projected loop with more than one step advances: every ``period``
+    iterations, the product of the steps of the loops inside the innermost such loop (loops
+    innermost first); ``0`` when no projected loop advances (the tile moves once).
+    """
     desc = nest.desc[t][-1]
     order = node.order
     strides = [desc[d][1] for d in order]
     ends = [desc[d][0] for d in order]
     where = [order.index(d) for d in proj]
     tile = math.prod(strides[i] for i in where)
-    # the tile changes when a projected loop with more than one step advances: every
-    # `period` iterations, the product of the steps of the loops inside the innermost such one
     period, inner = 0, 1
     for i in range(len(order)):
         steps = ends[i] // strides[i] if strides[i] else 1
@@ -144,19 +147,22 @@ def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -
             period = inner
             break
         inner *= max(steps, 1)
-    moved, kept = Move(tile, 1, 1), Move(tile, 0, 1)  # shared: moves are never mutated
-    if period <= 0:
-        return [moved] + [kept] * (nest.iters[t] - 1) if nest.iters[t] else []
-    return [moved if idx % period == 0 else kept for idx in range(nest.iters[t])]
+    return tile, period
+
+
+def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -> MoveRow:
+    """A temporal node's iterations (innermost dim first): a tile moves when it changes."""
+    tile, period = temporal_period(nest, node, t, proj)
+    return MoveRow(nest.iters[t], period, Move(tile, 1, 1), Move(tile, 0, 1))
 
 
 def _spatial_moves(
     inp: TreeMapping, nests: Nests, moves: Moves, node: TreeNode, parent: TreeNode
-) -> list[list[Move]]:
+) -> list[MoveRow]:
     """A spatial node's tiles move to its children when its temporal parent's tiles move."""
     prob = inp.problem
     nest, pnest = nests.tiles[node.id], nests.tiles[parent.id]
-    per: list[list[Move]] = []
+    per: list[MoveRow] = []
     pidx = 0  # COMET keeps the last match when a tensor's tag is not in the parent
     for t, tid in enumerate(node.tensors):
         tag = node.tags[t]
@@ -173,12 +179,11 @@ def _spatial_moves(
         unique = math.prod(-(-last[d][0] // first[d][1]) for d in proj)
         tile = math.prod(first[d][1] for d in proj)
         pmoves = moves[parent.id][pidx]
+        if pmoves.kept.unique or not pmoves.moved.unique:
+            raise TreeModelError(f"{node.label}: its parent's tiles move in no temporal pattern")
         kept, moved = Move(tile, 0, nest.sp_iters[t]), Move(tile, unique, nest.sp_iters[t])
-        row = [
-            kept if idx != 0 and pmoves[idx].unique == 0 else moved
-            for idx in range(pnest.iters[pidx])
-        ]
-        per.append(row)
+        # a new tile to the children in the parent's iterations that moved one (and the first)
+        per.append(MoveRow(pnest.iters[pidx], pmoves.period, moved, kept))
     return per
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -66,8 +68,57 @@ class Move:
     count: int
 
 
-#: Per tile node, per tensor, one :class:`Move` per iteration.
-Moves = dict[int, list[list[Move]]]
+class MoveRow(Sequence[Move]):
+    """A tensor's moves over ``n`` iterations, without a list of ``n`` of them.
+
+    ``moved`` at iteration 0 and every ``period``-th (``period`` 0: only at 0), ``kept`` between
+    (:func:`.nests.temporal_period`); :meth:`moving` counts the iterations that move a tile.
+    """
+
+    __slots__ = ("kept", "moved", "n", "period")
+
+    def __init__(self, n: int, period: int, moved: Move, kept: Move) -> None:
+        self.n, self.period, self.moved, self.kept = n, period, moved, kept
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Move: ...
+    @overload
+    def __getitem__(self, i: slice) -> MoveRow: ...
+    def __getitem__(self, i: int | slice) -> Move | MoveRow:
+        if isinstance(i, slice):
+            if i.start not in (None, 0) or i.step not in (None, 1):
+                raise IndexError("a MoveRow slices its first iterations only")
+            stop = self.n if i.stop is None else max(0, min(i.stop, self.n))
+            return MoveRow(stop, self.period, self.moved, self.kept)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.moved if i == 0 or (self.period > 0 and i % self.period == 0) else self.kept
+
+    def __iter__(self) -> Iterator[Move]:
+        moved, kept, p = self.moved, self.kept, self.period
+        for i in range(self.n):
+            yield moved if i == 0 or (p > 0 and i % p == 0) else kept
+
+    def firsts(self) -> int:
+        """Iterations that get ``moved``: 0 and the multiples of ``period`` below ``n``."""
+        if self.n == 0:
+            return 0
+        return 1 if self.period <= 0 else -(-self.n // self.period)
+
+    def moving(self) -> int:
+        """Iterations whose move carries tiles (``unique != 0``)."""
+        first = self.firsts()
+        return (first if self.moved.unique else 0) + (
+            self.n - first if self.kept.unique else 0)  # fmt: skip
+
+
+#: Per tile node, per tensor, its moves over the node's iterations.
+Moves = dict[int, list[MoveRow]]
 
 
 @dataclass(slots=True)

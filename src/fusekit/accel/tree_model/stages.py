@@ -18,6 +18,7 @@ def analyse(
     calc_noc: bool = True,
     compat: Compat | None = None,
     memo: dict[tuple[Any, ...], Any] | None = None,
+    fold: bool = True,
 ) -> Report:
     """Run COMET's stages 1-6 on one run's inputs.
 
@@ -27,6 +28,9 @@ def analyse(
         compat: which of COMET's defects to reproduce; all of them by default.
         memo: leaf results shared by the tilings of one template, same arch, dims and
             ``compat`` (:meth:`.steady.SteadyState.visit_leaf`); ``None`` evaluates every node.
+        fold: a leaf whose costs repeat is evaluated over two and three periods and its totals
+            extended (:meth:`.steady.SteadyState.leaf_period`; the same numbers, tested);
+            ``False`` walks every iteration of every leaf (the reference).
 
     Returns:
         The report (:func:`.report.report`).
@@ -39,7 +43,7 @@ def analyse(
     fit_check(inp, compat)  # 1: the tiles fit their levels
     nests = build_nests(inp)  # 2: loop nests
     moves = build_movements(inp, nests)  # 3: the tiles each iteration moves
-    ss = SteadyState(inp, nests, moves, compat, memo)  # 4: cycles and accesses
+    ss = SteadyState(inp, nests, moves, compat, memo, fold)  # 4: cycles and accesses
     ss.visit(inp.mapping)
     en = Energy(ss, compat)  # 5: energy
     en.walk(inp.mapping, {}, {}, inp.mapping)

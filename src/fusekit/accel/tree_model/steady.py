@@ -10,8 +10,8 @@ a collective costs its own cycles (:mod:`.collectives`).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
 from fusekit.accel.compat import Compat
 from fusekit.accel.noc import MeshShapeError
@@ -20,6 +20,7 @@ from fusekit.accel.tree_model.collectives import collective_cost
 from fusekit.accel.tree_model.compute import MAC_PJ, compute_cycles
 from fusekit.accel.tree_model.fit import binding_of
 from fusekit.accel.tree_model.merge import merge_levels, node_cycles
+from fusekit.accel.tree_model.nests import temporal_period
 from fusekit.accel.tree_model.records import (
     Access,
     Children,
@@ -39,6 +40,34 @@ Windows = list[tuple[Children, int]]
 NodeLevels = dict[int | tuple[int, ...], LevelCosts]
 #: Per (tensor id, op tag): a count (reuse factor, distinct tiles, ramp cycles).
 PerTensor = dict[tuple[int, str], int]
+#: A leaf's stage-4 results: accesses, level costs, cycles, ramp-downs, ramp-ups.
+LeafResult = tuple[list[Access], NodeLevels, int, PerTensor | None, PerTensor | None]
+#: A leaf is folded when it runs at least this many periods (it is evaluated at 2 and 3) and
+#: at least ``FOLD_MIN_ITERATIONS``: below, walking every iteration costs less.
+FOLD_MIN_PERIODS = 6
+FOLD_MIN_ITERATIONS = 32
+_R = TypeVar("_R", Access, Cost)
+
+
+class FoldError(Exception):
+    """Two evaluations of a leaf differ where an affine extension cannot follow (unfolded)."""
+
+
+def _affine(a: Any, b: Any, k: int) -> Any:
+    """``a`` at two periods and ``b`` at three, extended by ``k`` more periods."""
+    if isinstance(a, bool) or not isinstance(a, int | float):
+        if a is b or a == b:
+            return a
+        if isinstance(a, list):
+            return []  # per-iteration vectors are not kept for a folded leaf
+        raise FoldError(f"{a!r} != {b!r}")
+    return a + k * (b - a)
+
+
+def _extend(a: _R, b: _R, k: int) -> _R:
+    """A record whose every number is extended (:func:`_affine`)."""
+    return replace(a, **{f.name: _affine(getattr(a, f.name), getattr(b, f.name), k)
+                         for f in fields(a)})  # fmt: skip
 
 
 class SteadyState:
@@ -51,9 +80,11 @@ class SteadyState:
         moves: Moves,
         compat: Compat,
         memo: dict[tuple[Any, ...], Any] | None = None,
+        fold: bool = True,
     ) -> None:
         self.inp, self.arch, self.nests, self.moves = inp, inp.arch, nests, moves
         self.memo = memo
+        self.fold = fold
         self.compat = compat
         self.transfers = Transfers(inp.arch, nests, moves, generalise=not compat.mesh_table)
         self.node_cost: dict[int, int] = {}
@@ -185,7 +216,7 @@ class SteadyState:
         nest = self.nests.tiles[node.id]
         for t, tid in enumerate(node.tensors):
             key = (tid, node.tags[t])
-            actual = sum(1 for m in self.moves[node.id][t] if m.unique)
+            actual = self.moves[node.id][t].moving()
             f = nest.iters[t] // actual if actual else 0
             self.reuse.setdefault(node.id, {})[key] = f or 1
             self.actual.setdefault(node.id, {})[key] = actual
@@ -261,7 +292,79 @@ class SteadyState:
             None if down is None else dict(down), None if up is None else dict(up),
         )  # fmt: skip
 
+    def leaf_period(self, node: TreeNode) -> int | None:
+        """The period of a leaf's transfers when it can be folded, else ``None``.
+
+        Every tensor of the leaf moves a new tile each ``P_t`` iterations (or once,
+        :func:`.nests.temporal_period`); with all tensors over the same ``n`` iterations, the
+        leaf's per-iteration costs repeat every ``L = lcm(P_t)`` iterations except in the first
+        and the last period (the first read, the last write, the window shifted by one).
+        """
+        nest = self.nests.tiles[node.id]
+        if len(set(nest.iters)) != 1:
+            return None
+        n = nest.iters[0]
+        period = 1
+        for t, tid in enumerate(node.tensors):
+            proj = self.inp.problem.projection(node.tags[t], tid)
+            p = temporal_period(nest, node, t, proj)[1]
+            if p > 0:
+                period = math.lcm(period, p)
+        if n < max(FOLD_MIN_PERIODS * period, FOLD_MIN_ITERATIONS) or n % period:
+            return None
+        return period
+
     def _visit_leaf(self, node: TreeNode) -> None:
+        r"""A leaf, folded where its costs repeat (:meth:`leaf_period`).
+
+        A folded leaf of ``n = mL`` iterations is evaluated at ``2L`` and ``3L`` iterations
+        (the first ``2L`` and ``3L`` of its moves): the middle periods add the same costs, so
+        every count and cycle total ``x`` at ``n`` is
+
+        .. math:: x(n) = x(2L) + (m - 2) \, (x(3L) - x(2L)).
+
+        A total at or past COMET's 32-bit wrap, or two runs that differ in anything but
+        numbers, evaluate the leaf whole instead (``fold=False`` always does).
+        """
+        period = self.leaf_period(node) if self.fold else None
+        if period is None:
+            self._leaf(node)
+            return
+        nest, moves = self.nests.tiles[node.id], self.moves[node.id]
+        runs: list[LeafResult] = []
+        try:
+            for m in (2, 3):
+                n = m * period
+                self.nests.tiles[node.id] = replace(nest, iters=[n] * len(nest.iters))
+                self.moves[node.id] = [mv[:n] for mv in moves]
+                self._leaf(node)
+                runs.append(self._take_leaf(node))
+        finally:
+            self.nests.tiles[node.id], self.moves[node.id] = nest, moves
+        try:
+            self._put_leaf(node, _extend_leaf(runs[0], runs[1], nest.iters[0] // period - 2))
+        except FoldError:
+            self._leaf(node)
+
+    def _take_leaf(self, node: TreeNode) -> LeafResult:
+        """Remove and return what :meth:`_leaf` wrote of ``node``."""
+        return (
+            self.accesses.pop(node.id), self.level_cost.pop(node.id),
+            self.node_cost.pop(node.id), self.ramp_down.pop(node.id, None),
+            self.ramp_up.pop(node.id, None),
+        )  # fmt: skip
+
+    def _put_leaf(self, node: TreeNode, res: LeafResult) -> None:
+        acc, level_cost, total, down, up = res
+        self.accesses[node.id] = acc
+        self.level_cost[node.id] = level_cost
+        self.node_cost[node.id] = total
+        if down is not None:
+            self.ramp_down[node.id] = down
+        if up is not None:
+            self.ramp_up[node.id] = up
+
+    def _leaf(self, node: TreeNode) -> None:
         op = node.children[0]
         nest = self.nests.tiles[node.id]
         n_it = max(nest.iters)
@@ -381,3 +484,37 @@ class SteadyState:
             else:
                 total += self.node_cost[c.id]
         self.node_cost[node.id] = total & 0xFFFFFFFF
+
+
+def _extend_leaf(a: LeafResult, b: LeafResult, k: int) -> LeafResult:
+    """A leaf's results at ``2L`` and ``3L`` iterations extended by ``k`` periods.
+
+    Raises:
+        FoldError: the runs differ in more than numbers, or the cycles reach 2**32.
+    """
+    acc_a, lv_a, total_a, down_a, up_a = a
+    acc_b, lv_b, total_b, down_b, up_b = b
+    if len(acc_a) != len(acc_b) or lv_a.keys() != lv_b.keys():
+        raise FoldError("the runs differ in shape")
+    acc = [_extend(x, y, k) for x, y in zip(acc_a, acc_b, strict=True)]
+    levels: NodeLevels = {}
+    for key, per in lv_a.items():
+        other = lv_b[key]
+        if per.keys() != other.keys():
+            raise FoldError("the runs differ in levels")
+        levels[key] = {lv: [_extend(x, y, k) for x, y in zip(cv, other[lv], strict=True)]
+                       for lv, cv in per.items()}  # fmt: skip
+    total = _affine(total_a, total_b, k)
+    if not 0 <= total < 1 << 32:
+        raise FoldError("the cycles reach COMET's 32-bit wrap")
+
+    def table(x: PerTensor | None, y: PerTensor | None) -> PerTensor | None:
+        if x is None or y is None:
+            if x is not y:
+                raise FoldError("the runs differ in ramps")
+            return None
+        if x.keys() != y.keys():
+            raise FoldError("the runs differ in ramps")
+        return {key: _affine(v, y[key], k) for key, v in x.items()}
+
+    return acc, levels, total, table(down_a, down_b), table(up_a, up_b)

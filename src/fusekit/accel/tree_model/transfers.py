@@ -20,7 +20,7 @@ import math
 
 from fusekit.accel.noc import link_energy_pj, link_latency
 from fusekit.accel.tree import Hierarchy, Level, Network, TreeNode
-from fusekit.accel.tree_model.records import Cost, Move, Moves, Nests, TreeModelError, f32
+from fusekit.accel.tree_model.records import Cost, Move, MoveRow, Moves, Nests, TreeModelError, f32
 
 #: One iteration's transfer: memory cycles, network cycles, router energy (pJ).
 Transfer = tuple[int, int, float]
@@ -61,7 +61,7 @@ class Transfers:
                            generalise=self.generalise)  # fmt: skip
         return memory, lat, e
 
-    def stalls(self, node: TreeNode, t: int, mvs: list[Move], no_stall: list[int], hide: bool,
+    def stalls(self, node: TreeNode, t: int, mvs: MoveRow, no_stall: list[int], hide: bool,
                reuse: int, different: bool) -> Cost:  # fmt: skip
         """Per-iteration stalls of one tensor's transfers against the windows ``no_stall``."""
         rw = self.nests.tiles[node.id].rw[t]
@@ -117,7 +117,7 @@ class Transfers:
         tt = 1 if nest.rw[t] else 0
         base = nest.rel_ts[t] * op_cycles if op_cycles is not None else child_cost
         different = len(set(nest.iters)) != 1
-        actual = sum(1 for m in mvs if m.unique != 0)
+        actual = mvs.moving()
         reuse = nest.iters[t] // actual if actual else 0
         reuse = reuse or 1
         if reuse == 1:
