@@ -258,7 +258,7 @@ class Space:
         if cache is not None and len(cache) > 200_000:
             cache.clear()  # bound the memory of very long sweeps
         try:
-            out = analyse(self.inputs(tiling, dims), calc_noc=True, compat=compat, memo=cache)
+            out = analyse(self.inputs(tiling, dims), compat=compat, memo=cache, detail=False)
         except FitError:
             return Scored(tiling, None, None)
         return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))

@@ -48,8 +48,14 @@ class Report(TypedDict):
     utilisation: dict[str, float]
 
 
-def report(ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat) -> Report:
-    """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows."""
+def report(
+    ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: Compat,
+    detail: bool = True,
+) -> Report:  # fmt: skip
+    """COMET's per-unit cycle table (CS, OS, TMW) and per-level energy rows.
+
+    ``detail``: also the loop nest, ideal compute cycles and utilisation (else empty).
+    """
     table, total = unit_cycles(ss, en, root, compat)
     energy = level_energy(ss, en, root, calc_noc)
     e_total = f32(0)
@@ -59,14 +65,14 @@ def report(ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool, compat: 
         k: {**{p: v for p, v in sorted(row.items())}, "total": sum(row.values())}
         for k, row in sorted(table.items())
     }
-    ideal, utilisation = ideal_compute(ss, root)
+    ideal, utilisation = ideal_compute(ss, root) if detail else ({}, {})
     return {
         "total_cycles": total if compat.unit_sum_total else ss.node_cost[root.id],
         "total_energy_pj": float(e_total),
         "cycles": units,
         "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
         "root_cycles": ss.node_cost[root.id],
-        "nest": loop_nest(ss, en, root),
+        "nest": loop_nest(ss, en, root) if detail else [],
         "ideal_cycles": ideal,
         "utilisation": utilisation,
     }

@@ -19,6 +19,7 @@ def analyse(
     compat: Compat | None = None,
     memo: dict[tuple[Any, ...], Any] | None = None,
     fold: bool = True,
+    detail: bool = True,
 ) -> Report:
     """Run COMET's stages 1-6 on one run's inputs.
 
@@ -31,6 +32,8 @@ def analyse(
         fold: a leaf whose costs repeat is evaluated over two and three periods and its totals
             extended (:meth:`.steady.SteadyState.leaf_period`; the same numbers, tested);
             ``False`` walks every iteration of every leaf (the reference).
+        detail: build the loop nest and the ideal compute cycles and utilisation; ``False``
+            leaves them empty (a mapper scoring tilings reads only the totals and tables).
 
     Returns:
         The report (:func:`.report.report`).
@@ -47,4 +50,4 @@ def analyse(
     ss.visit(inp.mapping)
     en = Energy(ss, compat)  # 5: energy
     en.walk(inp.mapping, {}, {}, inp.mapping)
-    return report(ss, en, inp.mapping, calc_noc, compat)  # 6: the report
+    return report(ss, en, inp.mapping, calc_noc, compat, detail)  # 6: the report
