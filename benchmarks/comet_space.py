@@ -11,6 +11,8 @@ COMET's shuffle-and-sample generator would have run), and three rates, each on o
 
 - ``exact_per_s_per_core``: the tree model (fit check, cycles, energy) on a seeded sample of
   ``--rate-sample`` tilings: what scoring every tiling ran at before pruning;
+- ``walk_per_s_per_core``: the same tilings with every leaf iteration walked (``fold=False``,
+  the reference); ``fold_speedup`` is the ratio;
 - ``bounds_per_s_per_core``: the lower bound over every tiling;
 - ``tilings_per_s_per_core``: tilings of the space over the pruned search's wall time.
 
@@ -68,6 +70,11 @@ def run_shape(template: str, arch: str, dims: dict[str, int], shared: list[int],
     for t in picks:
         space.score(t, dims, Compat())
     exact_rate = len(picks) / (time.process_time() - t0)
+    space = Space(template)  # the reference walk of every leaf iteration, same tilings
+    t0 = time.process_time()
+    for t in picks:
+        space.score(t, dims, Compat(), fold=False)
+    walk_rate = len(picks) / (time.process_time() - t0)
     space = Space(template)  # a cold bound cache
     t0 = time.process_time()
     for t in tilings:
@@ -92,6 +99,7 @@ def run_shape(template: str, arch: str, dims: dict[str, int], shared: list[int],
         "wall_s": wall, "cpu_s": cpu,
         "tilings_per_s_per_core": res.tilings / cpu,
         "exact_per_s_per_core": exact_rate, "rate_sample": len(picks),
+        "walk_per_s_per_core": walk_rate, "fold_speedup": exact_rate / walk_rate,
         "bounds_per_s_per_core": bound_rate,
         "exhaustive_s_est": res.tilings / exact_rate,
         "speedup_vs_exhaustive": res.tilings / exact_rate / cpu,

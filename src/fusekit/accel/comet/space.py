@@ -247,18 +247,25 @@ class Space:
         return hit
 
     def score(
-        self, tiling: Tiling, dims: dict[str, int], compat: Compat, memo: bool = True
+        self,
+        tiling: Tiling,
+        dims: dict[str, int],
+        compat: Compat,
+        memo: bool = True,
+        fold: bool = True,
     ) -> Scored:
         """Fit check, then cycles and energy.
 
         ``memo``: reuse the leaves other tilings of the same dims and ``compat`` already gave
         (``analyse``'s ``memo``; the same numbers, tested); ``False`` evaluates every node.
+        ``fold``: fold leaves whose costs repeat (``analyse``'s ``fold``; the same numbers).
         """
         cache = self._memo.setdefault((tuple(sorted(dims.items())), compat), {}) if memo else None
         if cache is not None and len(cache) > 200_000:
             cache.clear()  # bound the memory of very long sweeps
         try:
-            out = analyse(self.inputs(tiling, dims), compat=compat, memo=cache, detail=False)
+            out = analyse(self.inputs(tiling, dims), compat=compat, memo=cache, fold=fold,
+                          detail=False)  # fmt: skip
         except FitError:
             return Scored(tiling, None, None)
         return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))
