@@ -18,7 +18,7 @@ from fusekit.ir import capture
 from fusekit.stitch.codegen import triton as backend
 from fusekit.stitch.codegen.triton import TritonKernel
 from fusekit.stitch.runner import Stitched, reference_group
-from fusekit.stitch.schemes import Scheme, Unfusable
+from fusekit.stitch.schemes import Scheme, Unfusable, online_pairs, online_softmax
 from fusekit.stitch.search import plan
 from fusekit.stitch.workloads import load_workload
 
@@ -119,3 +119,72 @@ def test_a_rotary_cat_group_matches_reference(target):
             for k, v in want.items():
                 torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
         env.update(want)
+
+
+def _kernels(module, args, target):
+    """Run every stitched group of ``module`` under the interpreter against the reference."""
+    cap = capture(module, args)
+    p = plan(cap.graph, target)
+    env = dict(cap.values(*args))
+    kernels = []
+    for group in p.groups:
+        want = reference_group(p.graph, group.ops, env)
+        if group.layout is not None:
+            kernel = TritonKernel(p.graph, group.layout)
+            got = kernel(env)
+            for k, v in want.items():
+                torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
+            kernels.append(kernel)
+        env.update(want)
+    return kernels
+
+
+class _Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 0.5, -1)
+
+
+class _LogSumExp(torch.nn.Module):
+    def forward(self, x):  # as the decompositions write it
+        m = x.amax(-1, keepdim=True)
+        return (x - m).exp().sum(-1).log() + m.squeeze(-1)
+
+
+def _rows(n=40):
+    x = torch.randn(4, n) * 4
+    x[1, : n // 2] = float("-inf")  # masked blocks before the first finite value
+    x[2, 3::5] = float("-inf")  # scattered mask
+    x[3] = float("-inf")  # a row of -inf only: softmax is NaN, as eager
+    return x
+
+
+@pytest.mark.parametrize("module", [_Softmax(), _LogSumExp()], ids=["softmax", "logsumexp"])
+def test_long_rows_sweep_max_and_sum_together(module, target, monkeypatch):
+    # rows longer than a block: the row sum of exp(x - max) is swept with the max (online
+    # max/sum), so a softmax reads its row twice, not three times
+    monkeypatch.setattr(backend, "MAX_BLOCK_Q", 8)
+    x = _rows()
+    if isinstance(module, _LogSumExp):
+        x = x[:3]  # eager's -inf row gives NaN here, the online sum -inf; both are documented
+    (kernel,) = _kernels(module, (x,), target)
+    assert len(kernel.layout.online) == 1 and "tl.exp(acc_" in kernel.source  # swept online
+    sweeps = kernel.source.count("for q0 in range")
+    assert sweeps == (2 if isinstance(module, _Softmax) else 1), kernel.source
+
+
+def test_online_pairs_need_the_max_of_the_same_values(target, monkeypatch):
+    class Other(torch.nn.Module):
+        def forward(self, x):  # exp(2x - max x): the max is not the exponent's, no rewrite
+            m = x.amax(-1, keepdim=True)
+            return (x * 2.0 - m).exp().sum(-1)
+
+    cap = capture(Other(), (torch.randn(3, 40),))
+    (group,) = [g for g in plan(cap.graph, target).groups if g.layout is not None]
+    assert online_pairs(group.layout) == {} and online_softmax(group.layout) is group.layout
+    monkeypatch.setattr(backend, "MAX_BLOCK_Q", 8)
+    (kernel,) = _kernels(Other(), (torch.randn(3, 40),), target)  # still right: two sweeps
+    assert not kernel.layout.online and kernel.source.count("for q0 in range") == 2
+    cap = capture(_Softmax(), (torch.randn(3, 40),))
+    (group,) = [g for g in plan(cap.graph, target).groups if g.layout is not None]
+    assert len(online_pairs(group.layout)) == 1
+    assert len(online_softmax(group.layout).steps) < len(group.layout.steps)

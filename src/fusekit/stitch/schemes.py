@@ -24,9 +24,10 @@ folded into their readers' index expressions. A group the analysis cannot expres
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from types import MappingProxyType
 
 from fusekit.ir.expr import (
     Access,
@@ -39,6 +40,7 @@ from fusekit.ir.expr import (
     IndexTerm,
     IVar,
     Reduce,
+    ReduceOp,
     term_accesses,
     walk,
 )
@@ -106,6 +108,8 @@ class Layout:
         outputs: tensors the group writes (read outside or returned).
         scheme: the stitching scheme.
         out_dims: per computed op, the anchor dim of each output dimension (``None``: size 1).
+        online: row sums computed in their row max's stage (:func:`online_softmax`): sum ->
+            max; empty unless a backend asked for the rewrite.
     """
 
     ops: tuple[str, ...]
@@ -122,6 +126,7 @@ class Layout:
     outputs: tuple[str, ...]
     scheme: Scheme
     out_dims: Mapping[str, tuple[int | None, ...]]
+    online: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def out_dims_of(self, op: str) -> list[int]:
         """The anchor dims of an op's output (size-1 dims left out)."""
@@ -407,12 +412,8 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
     for op in computed:
         if roles[op.name] is Role.COL_REDUCE and op.name in read:
             raise Unfusable(f"column reduction {op.name} is read inside the group")
-    steps, buffered = _schedule(computed, exprs, roles, produced)
-    scheme = (
-        Scheme.GLOBAL if Role.COL_REDUCE in roles.values()
-        else Scheme.REGIONAL if sum(isinstance(s, Stage) for s in steps) > 1
-        else Scheme.LOCAL
-    )  # fmt: skip
+    steps, buffered = _schedule([op.name for op in computed], exprs, roles, produced)
+    scheme = _scheme(roles, steps)
     inputs = tuple(
         dict.fromkeys(
             n.tensor for op in computed for n in walk(exprs[op.name])
@@ -512,8 +513,20 @@ def _only_reductions(expr: Expr) -> bool:
     return False
 
 
+def _scheme(roles: Mapping[str, Role], steps: Sequence[Stage | RowStep]) -> Scheme:
+    return (
+        Scheme.GLOBAL if Role.COL_REDUCE in roles.values()
+        else Scheme.REGIONAL if sum(isinstance(s, Stage) for s in steps) > 1
+        else Scheme.LOCAL
+    )  # fmt: skip
+
+
 def _schedule(
-    ops: list[Op], exprs: Mapping[str, Expr], roles: Mapping[str, Role], produced: set[str]
+    ops: Sequence[str],
+    exprs: Mapping[str, Expr],
+    roles: Mapping[str, Role],
+    produced: Collection[str],
+    online: Mapping[str, str] | None = None,
 ) -> tuple[tuple[Stage | RowStep, ...], frozenset[str]]:
     """Put each op in the earliest stage its inputs allow.
 
@@ -525,42 +538,154 @@ def _schedule(
     store and a load per element that the loop vectoriser must order against every other
     array of the loop, which makes a several-stage loop over many arrays run several times
     slower than the same loop re-reading its inputs.
+
+    ``online``: row sums (sum -> max, :func:`online_pairs`) put in their max's stage; what
+    their bodies read of the max's later stages is recomputed there from the running max.
     """
+    online = online or {}
     level: dict[str, int] = {}
     for op in ops:
-        deps = [
-            n.tensor for n in walk(exprs[op.name]) if isinstance(n, Access) and n.tensor in produced
-        ]
+        if op in online:
+            level[op] = level[online[op]]
+            continue
+        deps = [n.tensor for n in walk(exprs[op]) if isinstance(n, Access) and n.tensor in produced]
         need = [level[d] + (roles[d] is Role.ROW_REDUCE) for d in deps]
-        level[op.name] = max(need, default=0)
+        level[op] = max(need, default=0)
     later = {
         n.tensor
-        for op in ops
-        for n in walk(exprs[op.name])
+        for op in ops if op not in online
+        for n in walk(exprs[op])
         if isinstance(n, Access) and n.tensor in produced
-        and roles[n.tensor] is Role.FULL and level[n.tensor] < level[op.name]
+        and roles[n.tensor] is Role.FULL and level[n.tensor] < level[op]
     }  # fmt: skip
     buffered: set[str] = set()
     cost: dict[str, int] = {}
     for op in ops:  # in order: a value's full inputs are decided before it
-        if op.name not in later:
+        if op not in later:
             continue
-        nodes = _nodes(exprs[op.name]) + sum(
+        nodes = _nodes(exprs[op]) + sum(
             cost[n.tensor]
-            for n in walk(exprs[op.name])
+            for n in walk(exprs[op])
             if isinstance(n, Access) and n.tensor in cost and n.tensor not in buffered
         )
-        cost[op.name] = nodes
+        cost[op] = nodes
         if nodes > RECOMPUTE_NODES:
-            buffered.add(op.name)
+            buffered.add(op)
     steps: list[Stage | RowStep] = []
     for k in range(max(level.values(), default=-1) + 1):
-        steps += [
-            RowStep(op.name) for op in ops if roles[op.name] is Role.ROW and level[op.name] == k
-        ]
-        stage = tuple(
-            op.name for op in ops if roles[op.name] is not Role.ROW and level[op.name] == k
-        )
+        steps += [RowStep(op) for op in ops if roles[op] is Role.ROW and level[op] == k]
+        stage = tuple(op for op in ops if roles[op] is not Role.ROW and level[op] == k)
         if stage:
             steps.append(Stage(stage))
     return tuple(steps), frozenset(buffered)
+
+
+def _canonical_term(layout: Layout, op: str, t: IndexTerm) -> IndexTerm:
+    """An index term over anchor dims (``d<k>``) instead of ``op``'s variables."""
+    if isinstance(t, IVar):
+        d = layout.var_dims[op].get(t.name)
+        return IConst(0) if d is None else IVar(f"d{d}")
+    if isinstance(t, IBin):
+        left, right = _canonical_term(layout, op, t.left), _canonical_term(layout, op, t.right)
+        return IBin(t.op, left, right)
+    if isinstance(t, Access):
+        return Access(t.tensor, tuple(_canonical_term(layout, op, i) for i in t.indices))
+    return t
+
+
+def _canonical(layout: Layout, op: str, e: Expr) -> Expr | None:
+    """``e`` (of op ``op``) over anchor dims, the full values it reads inlined.
+
+    Two ops' expressions of one value are then equal; ``None`` for what has no such form (a
+    reduction over a size-1 dim).
+    """
+    if isinstance(e, Access):
+        if layout.roles.get(e.tensor) is Role.FULL:
+            return _canonical(layout, e.tensor, layout.exprs[e.tensor])
+        return Access(e.tensor, tuple(_canonical_term(layout, op, t) for t in e.indices))
+    if isinstance(e, Bin):
+        left, right = _canonical(layout, op, e.left), _canonical(layout, op, e.right)
+        return None if left is None or right is None else Bin(e.op, left, right)
+    if isinstance(e, Call):
+        args = [_canonical(layout, op, a) for a in e.args]
+        return None if any(a is None for a in args) else Call(e.fn, tuple(args))  # type: ignore[arg-type]
+    if isinstance(e, Reduce):
+        dims = [layout.var_dims[op].get(v) for v in e.vars]
+        body = _canonical(layout, op, e.body)
+        if body is None or any(d is None for d in dims):
+            return None
+        return Reduce(e.op, tuple(f"d{d}" for d in dims), body)
+    return e
+
+
+def _row_reduce(layout: Layout, op: str, kind: ReduceOp) -> Reduce | None:
+    """The one reduction of row reduction ``op`` when it is a ``kind`` over every inner dim."""
+    if layout.roles.get(op) is not Role.ROW_REDUCE:
+        return None
+    reds = [n for n in walk(layout.exprs[op]) if isinstance(n, Reduce)]
+    if len(reds) != 1 or reds[0].op is not kind:
+        return None
+    dims = {layout.var_dims[op].get(v) for v in reds[0].vars}
+    return reds[0] if dims == set(layout.inner_dims) else None
+
+
+def online_pairs(layout: Layout) -> dict[str, str]:
+    r"""Row sums of ``exp(B - M)`` whose ``M`` is the row max of that same ``B``: sum -> max.
+
+    Such a sum needs not wait for its max: swept once over the row in column blocks, with
+    the max so far :math:`m` and the sum so far :math:`s` rescaled when the max grows,
+
+    .. math::
+
+        m' = \max(m, \max_{q \in blk} B_q), \qquad
+        s' = s \, e^{m - m'} + \sum_{q \in blk} e^{B_q - m'},
+
+    it ends at :math:`s = \sum_q e^{B_q - \max_q B_q}` (softmax's and logsumexp's
+    normaliser: the online max/sum of Milakov and Gimelshein). The max must reduce ``B``
+    exactly as the sum's exponent reads it, over the whole row.
+    """
+    pairs: dict[str, str] = {}
+    for op in layout.ops:
+        red = _row_reduce(layout, op, ReduceOp.SUM)
+        body = None if red is None else _canonical(layout, op, red.body)
+        if not (isinstance(body, Call) and body.fn == "exp" and isinstance(body.args[0], Bin)):
+            continue
+        diff = body.args[0]
+        if diff.op != "-" or not isinstance(diff.right, Access):
+            continue
+        top = diff.right.tensor
+        mx = _row_reduce(layout, top, ReduceOp.MAX)
+        if mx is None or layout.exprs[top] != mx:  # the max itself, not a function of it
+            continue
+        if _canonical(layout, top, mx.body) == diff.left:
+            pairs[op] = top
+    return pairs
+
+
+def online_softmax(layout: Layout) -> Layout:
+    """``layout`` with every :func:`online_pairs` sum computed in its max's stage.
+
+    What follows the sum moves up with it (a softmax's normalisation joins the stage that
+    recomputes ``exp(B - M)``), and full values only the sums read leave the schedule (their
+    expressions stay, recomputed in the sums' bodies): one sweep over the row fewer per pair.
+    For a backend that sweeps long rows in column blocks; a layout without such a pair is
+    returned as is.
+    """
+    pairs = online_pairs(layout)
+    if not pairs:
+        return layout
+    # full values only the swept sums read (exp(B - M) itself) are computed in no stage
+    readers: dict[str, set[str]] = {op: set() for op in layout.ops}
+    for op in layout.ops:
+        for n in walk(layout.exprs[op]):
+            if isinstance(n, Access) and n.tensor in readers:
+                readers[n.tensor].add(op)
+    unused: set[str] = set()
+    for op in reversed(layout.ops):
+        if (layout.roles[op] is Role.FULL and op not in layout.outputs
+                and readers[op] <= set(pairs) | unused):  # fmt: skip
+            unused.add(op)
+    ops = [op for op in layout.ops if op not in unused]
+    steps, buffered = _schedule(ops, layout.exprs, layout.roles, layout.ops, pairs)
+    return replace(layout, steps=steps, buffered=buffered, online=MappingProxyType(pairs),
+                   scheme=_scheme(layout.roles, steps))  # fmt: skip

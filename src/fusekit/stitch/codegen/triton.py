@@ -18,7 +18,18 @@ The stitching schemes, as FusionStitching names them:
 - **regional**: several stages; a row of at most ``MAX_BLOCK_Q`` elements stays in registers
   between stages (the values a later stage reads are live block variables); a longer row is
   swept in column blocks per stage and a value of an earlier stage is recomputed from its
-  inputs (re-read from L2 within the program) -- no online max/sum rewrite;
+  inputs (re-read from L2 within the program). There, a row sum of ``exp(B - max B)`` is
+  swept with its max (the online max/sum rewrite, :func:`~fusekit.stitch.schemes.
+  online_softmax`): a softmax or logsumexp reads its row twice instead of three times::
+
+      for q0 in range(0, Q, BLOCK_Q):                   # stage 1: max and sum together
+          new = tl.maximum(acc_M, tl.max(B, axis=1))
+          v_M = tl.where(new == -inf, 0.0, new)         # an all -inf prefix adds exp(-inf) = 0
+          acc_S = acc_S * tl.exp(acc_M - v_M) + tl.sum(tl.exp(B - v_M), axis=1)
+          acc_M = new
+      for q0 in range(0, Q, BLOCK_Q): ...               # stage 2: exp(B - M) / S
+
+  (a row of -inf only: the sum is 0, not NaN);
 - **global**: column reductions through per-program partials in global memory and a second
   kernel (two phases; no grid barrier); rows of at most ``MAX_BLOCK_Q`` elements.
 
@@ -38,7 +49,7 @@ from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.codegen.render import HALF, Dialect, Renderer, identity, load_generated
 from fusekit.stitch.codegen.render import static_shape as _shape
-from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable
+from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable, online_softmax
 
 #: Longest row kept whole in registers (elements); longer rows are swept in column blocks.
 MAX_BLOCK_Q = 8192
@@ -129,17 +140,20 @@ class _TritonRenderer(Renderer):
             return self.dialect.widen(text, dtype) if dtype in HALF else text
         if role in (Role.ROW, Role.ROW_REDUCE) or self.registers:
             return f"v_{name}"
-        if reader_stage is not None and self.stage_of[name] == reader_stage:
+        if reader_stage is not None and self.stage_of.get(name) == reader_stage:
             return f"v_{name}"
-        return "(" + self.value(name, -1) + ")"  # recompute
+        # recompute; what it reads of the reader's own stage is live there (emitted before)
+        return "(" + self.value(name, reader_stage) + ")"
 
 
 class _Emitter:
     def __init__(self, graph: Graph, layout: Layout) -> None:
-        self.graph, self.layout = graph, layout
         q = layout.inner_numel
-        self.block_q = min(MAX_BLOCK_Q, 1 << max(q - 1, 0).bit_length())
         self.registers = q <= MAX_BLOCK_Q
+        if not self.registers:
+            layout = online_softmax(layout)
+        self.graph, self.layout = graph, layout
+        self.block_q = min(MAX_BLOCK_Q, 1 << max(q - 1, 0).bit_length())
         self.rows = max(1, min(TILE // self.block_q, 1 << max(layout.rows - 1, 0).bit_length()))
         self.r = _TritonRenderer(graph, layout, DIALECT)
         self.r.registers = self.registers
@@ -222,22 +236,49 @@ class _Emitter:
                 self.emit(depth, f"v_{op} = {r.value(op, k)}")
                 self.store(depth, op, full=True)
                 continue
-            covered = {d for d in lay.var_dims[op].values() if d is not None}
+            if op in lay.online:
+                continue  # swept with its max (online_step)
             axis = 1 if role is Role.ROW_REDUCE else 0
             for j, red in enumerate(self.reduces(op)):
                 ident = r.const(identity(red.op.value), self.graph.tensor(op).dtype)
-                cond = "m" + self.guard(set(lay.inner_dims) - covered)
-                body = f"tl.where({cond}, {r.expr(op, red.body, k)}, {ident})"
+                body = f"tl.where({self.mask(op)}, {r.expr(op, red.body, k)}, {ident})"
                 part = f"{_REDUCE[red.op.value]}({body}, axis={axis}, keep_dims=True)"
                 acc = f"acc_{op}_{j}" if role is Role.ROW_REDUCE else f"cacc_{op}_{j}"
                 if role is Role.ROW_REDUCE and self.registers:
                     self.emit(depth, f"{acc} = {part}")
+                elif op in lay.online.values():
+                    self.online_step(depth, k, op, part)
                 else:
                     self.emit(depth, f"{acc} = " + _COMBINE[red.op.value].format(a=acc, b=part))
         depth -= 0 if self.registers else 1
         for op in rows:
             self.finish(depth, op, [f"acc_{op}_{j}" for j in range(len(self.reduces(op)))])
             self.store(depth, op, full=False)
+
+    def mask(self, op: str) -> str:
+        """Where a reduction of ``op`` reads: the tile, on the inner dims its output spans."""
+        covered = {d for d in self.layout.var_dims[op].values() if d is not None}
+        return "m" + self.guard(set(self.layout.inner_dims) - covered)
+
+    def online_step(self, depth: int, k: int, top: str, part: str) -> None:
+        """One column block of row max ``top`` and the sums swept with it (online max/sum).
+
+        ``part`` is the block's max. The sums' bodies read ``v_<top>``, here the running max
+        (0 while it is -inf: a block of -inf adds ``exp(-inf) = 0``); the previous sums are
+        rescaled by ``exp(old - new)``. ``finish`` sets ``v_<top>`` to the row's max after.
+        """
+        lay, r = self.layout, self.r
+        acc = f"acc_{top}_0"
+        self.emit(depth, f"new_{top} = tl.maximum({acc}, {part})")
+        self.emit(depth, f'v_{top} = tl.where(new_{top} == float("-inf"), 0.0, new_{top})')
+        for op in lay.online:
+            if lay.online[op] != top:
+                continue
+            red = self.reduces(op)[0]
+            body = f"tl.where({self.mask(op)}, {r.expr(op, red.body, k)}, 0.0)"
+            self.emit(depth, f"acc_{op}_0 = acc_{op}_0 * tl.exp({acc} - v_{top}) + "
+                             f"tl.sum({body}, axis=1, keep_dims=True)")  # fmt: skip
+        self.emit(depth, f"{acc} = new_{top}")
 
     def kernel(self) -> str:
         lay, r = self.layout, self.r
@@ -333,7 +374,7 @@ class TritonKernel:
     def __init__(self, graph: Graph, layout: Layout) -> None:
         emitter = _Emitter(graph, layout)
         self.source = emitter.kernel()
-        self.layout = layout
+        self.layout = emitter.layout  # with the long-row rewrite (online max/sum) if it applied
         self.rows_per_program, self.block_q = emitter.rows, emitter.block_q
         self.cols = [(op, len(emitter.reduces(op))) for op in emitter.cols]
         self.shapes = {t: _shape(graph, t) for t in layout.outputs}
