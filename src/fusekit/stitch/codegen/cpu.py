@@ -53,6 +53,14 @@ from fusekit.stitch.codegen.render import (
 )
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
 
+try:  # Inductor's allocator of CPU outputs: a third of torch.empty's dispatch per tensor
+    from torch._C._dynamo.guards import _empty_strided_cpu as _empty  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - older or trimmed torch builds
+
+    def _empty(shape: tuple[int, ...], step: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty_strided(shape, step, dtype=dtype)
+
+
 _FUNCTIONS = {
     "exp": "fexp({0})", "log": "math.log({0})", "log1p": "math.log1p({0})",
     "expm1": "math.expm1({0})", "tanh": "ftanh({0})", "erf": "ferf({0})",
@@ -662,7 +670,7 @@ class _Variant:
 
     source: str
     views: dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]
-    outs: list[tuple[str, tuple[int, ...], torch.dtype]]
+    outs: list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]  # name, shape, strides
     part_specs: list[tuple[int, np.dtype[Any]]]
     fn: Callable[..., Any] | None = None
 
@@ -716,8 +724,9 @@ class CpuKernel:
         emitter = _Emitter(graph, layout, {t: s for t, s in given.items() if s != plain[t]})
         source, _, _ = emitter.kernel()
         outs = [
-            (t, static_shape(graph, t), getattr(torch, graph.tensor(t).dtype))
+            (t, shape, tuple(strides(shape)), getattr(torch, graph.tensor(t).dtype))
             for t in layout.outputs
+            for shape in [static_shape(graph, t)]
         ]
         parts = [(size, np.dtype(dtype)) for _, size, _, dtype in emitter.partials]
         variant = self._variants[key] = _Variant(source, views, outs, parts)
@@ -739,7 +748,7 @@ class CpuKernel:
             variant.fn = compile_source(variant.source, self.serial)
         # the kernel takes data addresses; outputs allocated by torch in their shapes, the
         # tensors outlive the call
-        out = {t: torch.empty(shape, dtype=dtype) for t, shape, dtype in variant.outs}
+        out = {t: _empty(shape, step, dtype) for t, shape, step, dtype in variant.outs}
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype) for size, dtype in variant.part_specs]
         addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
