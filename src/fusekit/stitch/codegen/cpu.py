@@ -1,19 +1,25 @@
 """CPU backend: one numba kernel per fusion group, generated from the group's :class:`Layout`.
 
-The generated kernel (one per group, compiled once and cached on disk by its source hash)::
+The generated kernel (one per group, compiled once and cached on disk by its source hash) is a
+chunk of rows and a finish, run by the shared launchers of :mod:`.launch` (one thread loop
+compiled once for every kernel: numba's ``parallel=True`` pipeline would cost each kernel
+about a second more to compile)::
 
-    for c in prange(n_chunks):                    # one chunk of rows per thread
+    def chunk(c, argv):                           # launch: for c in prange(n_chunks)
         buf_Y = np.empty(Q)                       # regional: row buffers, reused per row
-        part_G[c, :] = identity                   # global: per-thread partials
+        col_G[:] = identity                       # global: this chunk's partials
         for p in rows of chunk c:
             a0, a1 = p // E1, p % E1              # parallel anchor indices
             acc_R = identity                      # stage 1
             for a2 in range(E2):
                 v_Y = f(in_X[...], ...)           #   local: values in registers
                 buf_Y[q] = v_Y; out_Y[...] = v_Y
-                acc_R += g(v_Y); part_G[c, a2] += h(v_Y)
+                acc_R += g(v_Y); col_G[a2] += h(v_Y)
             v_R = acc_R                           # row ops, then stage 2 ...
-    out_G[k] = combine_c part_G[c, k]             # after the rows
+        part_G[c, :] = col_G
+
+    def finish(c, argv):                          # after every chunk
+        out_G[k] = combine_c part_G[c, k]
 
 Every group also has a reference: the same ops run by :func:`fusekit.ir.interpret` (see
 :func:`fusekit.stitch.runner.reference_group`), and the tests compare the two.
@@ -532,65 +538,72 @@ class _Emitter:
                 )
         trips = [f"n_{r.index(d)}" for d in lay.inner_dims]
         # tensors arrive as data addresses (torch's .numpy() and from_numpy cost microseconds a
-        # call); the kernel views them as flat arrays of their static sizes
+        # call), with the partials' addresses, the trip counts and the chunk count, in one int64
+        # array ``argv``; the kernel views them as flat arrays of their static sizes
         addrs = [f"p_{a}" for a in ins + outs]
-        args = addrs + [p[0] for p in self.partials] + ["n_chunks", *trips]
+        names = addrs + [f"p_{p[0]}" for p in self.partials] + [*trips, "n_chunks"]
         flags = "{" + ", ".join(map(repr, sorted(FASTMATH))) + "}"
         # in the source (so in its hash, the cache key) as it changes the machine code
         self.emit(0, f"# LLVM: -force-vector-interleave={interleave_count(self.graph, lay)}")
-        # error_model="numpy": a float division by zero gives inf/nan (as in torch), with no
-        # exception branch in the loop to stop its vectorisation
-        self.emit(
-            0, f"@numba.njit(parallel=True, cache=True, fastmath={flags}, error_model='numpy')"
-        )
-        self.emit(0, f"def kernel({', '.join(args)}):")
-        for a, t in zip(ins + outs, (*lay.inputs, *lay.outputs), strict=True):
-            size = math.prod(static_shape(self.graph, t))
-            if t in self.r.given:  # the elements a strided input spans
-                shape = static_shape(self.graph, t)
-                size = 1 + sum((n - 1) * st for n, st in zip(shape, self.r.given[t], strict=True))
-            dtype = storage_dtype(self.graph.tensor(t).dtype)
-            self.emit(1, f"{a} = numba.carray(as_ptr(p_{a}), {size}, np.{dtype})")
+        # compiled at import for the launcher's one signature (launch.CHUNK); error_model=
+        # "numpy": a float division by zero gives inf/nan (as in torch), with no exception
+        # branch in the loop to stop its vectorisation
+        jit = (f"@numba.njit(CHUNK, nogil=True, cache=True, fastmath={flags}, "
+               "error_model='numpy')")  # fmt: skip
+        self.emit(0, "CHUNK = numba.void(numba.int64, numba.int64)")
+        self.emit(0, "")
+        self.emit(0, "")
+        self.emit(0, jit)
+        self.emit(0, "def chunk(c, argv):")
+        self.arguments(names, ins + outs)
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
-        self.emit(1, "for c in numba.prange(n_chunks):")
         for op in sorted(lay.buffered):
             self.emit(
-                2,
+                1,
                 f"buf_{op} = np.empty({lay.inner_numel}, "
                 f"np.{compute_dtype(self.graph.tensor(op).dtype)})",
             )
         for name, size, red_op, dtype in self.partials:
             # a chunk-local accumulator: LLVM vectorises the row loop that updates it (it cannot
             # prove that the shared partials array does not alias the inputs)
-            self.emit(2, f"col_{name} = np.empty({size}, np.{dtype})")
-            self.emit(2, f"for j in range({size}):")
-            self.emit(3, f"col_{name}[j] = {r.const(identity(red_op), dtype)}")
+            self.emit(1, f"col_{name} = np.empty({size}, np.{dtype})")
+            self.emit(1, f"for j in range({size}):")
+            self.emit(2, f"col_{name}[j] = {r.const(identity(red_op), dtype)}")
         # the anchor indices of the chunk's first row by division, then counted up per row
         # (a division per row costs as much as a short row's loads)
         single = len(lay.par_dims) == 1
         if not single:
             stride = 1
             for d in reversed(lay.par_dims):
-                self.emit(2, f"{r.index(d)} = (c * per // {stride}) % {lay.extents[d]}")
+                self.emit(1, f"{r.index(d)} = (c * per // {stride}) % {lay.extents[d]}")
                 stride *= lay.extents[d]
-        self.emit(2, f"for p in range(c * per, min({lay.rows}, (c + 1) * per)):")
+        self.emit(1, f"for p in range(c * per, min({lay.rows}, (c + 1) * per)):")
         if single:
-            self.emit(3, f"{r.index(lay.par_dims[0])} = p")
+            self.emit(2, f"{r.index(lay.par_dims[0])} = p")
         k = 0
         for step in lay.steps:
             if isinstance(step, RowStep):
-                self.emit(3, f"v_{step.op} = {r.value(step.op, None)}")
-                self.store(3, step.op, f"v_{step.op}")
+                self.emit(2, f"v_{step.op} = {r.value(step.op, None)}")
+                self.store(2, step.op, f"v_{step.op}")
             else:
-                self.stage(3, k, step.ops)
+                self.stage(2, k, step.ops)
                 k += 1
         if not any(isinstance(s, Stage) and s.ops for s in lay.steps) and not lay.steps:
-            self.emit(3, "pass")
+            self.emit(2, "pass")
         if len(lay.par_dims) > 1:
-            self.next_row(3)
+            self.next_row(2)
         for name, size, _, _ in self.partials:
-            self.emit(2, f"for j in range({size}):")
-            self.emit(3, f"{name}[c * {size} + j] = col_{name}[j]")
+            self.emit(1, f"for j in range({size}):")
+            self.emit(2, f"{name}[c * {size} + j] = col_{name}[j]")
+        # after every chunk: the column reductions' partials combined (phase 2)
+        self.emit(0, "")
+        self.emit(0, "")
+        self.emit(0, jit)
+        self.emit(0, "def finish(c, argv):")
+        if not cols:
+            self.emit(1, "pass")
+        else:
+            self.arguments(names, [f"out_{op}" for op in cols])
         for op in cols:
             size = math.prod(static_shape(self.graph, op))
             self.emit(1, f"for k in range({size}):")
@@ -605,11 +618,34 @@ class _Emitter:
                 )
             self.finish_reduce(2, op, lambda j: f"t{j}")
             self.emit(2, f"out_{op}[k] = {_narrow(f'v_{op}', self.graph.tensor(op).dtype)}")
-        parallel = "\n".join(self.lines) + "\n"
-        # the same loops on the calling thread, for groups too small to pay an OpenMP region
-        serial = parallel.replace("@numba.njit(parallel=True, ", "@numba.njit(", 1)
-        serial = serial.replace("def kernel(", "def kernel_serial(", 1)
-        return _PRELUDE + "\n\n" + parallel + "\n\n" + serial, ins, outs
+        return _PRELUDE + "\n\n" + "\n".join(self.lines) + "\n", ins, outs
+
+    def arguments(self, names: list[str], arrays: list[str]) -> None:
+        """Unpack ``argv`` (in the order of ``names``) at the top of a function.
+
+        The trip counts and the chunk count as scalars; the ``arrays`` (tensors by data
+        address) and every partial viewed as flat arrays of their sizes.
+        """
+        lay = self.layout
+        self.emit(1, f"args = numba.carray(as_ptr(argv), {len(names)}, np.int64)")
+        for i, name in enumerate(names):
+            if not name.startswith("p_"):
+                self.emit(1, f"{name} = args[{i}]")
+        tensors = dict(zip([f"in_{t}" for t in lay.inputs] + [f"out_{t}" for t in lay.outputs],
+                           (*lay.inputs, *lay.outputs), strict=True))  # fmt: skip
+        for a in arrays:
+            t = tensors[a]
+            size = math.prod(static_shape(self.graph, t))
+            if t in self.r.given:  # the elements a strided input spans
+                shape = static_shape(self.graph, t)
+                size = 1 + sum((n - 1) * st for n, st in zip(shape, self.r.given[t], strict=True))
+            dtype = storage_dtype(self.graph.tensor(t).dtype)
+            self.emit(1, f"{a} = numba.carray(as_ptr(args[{names.index('p_' + a)}]), {size}, "
+                         f"np.{dtype})")  # fmt: skip
+        for name, size, _, dtype in self.partials:
+            i = names.index(f"p_{name}")
+            self.emit(1, f"{name} = numba.carray(as_ptr(args[{i}]), n_chunks * {size}, "
+                         f"np.{dtype})")  # fmt: skip
 
 
 def _reads(lay: Layout, op: str) -> list[str]:
@@ -649,14 +685,30 @@ def generate_cpu(graph: Graph, layout: Layout) -> str:
 SERIAL_MAX_BYTES = 256 * 1024
 
 
-def compile_source(source: str, serial: bool = False) -> Callable[..., Any]:
-    """Load a generated module and return its ``kernel`` (memoised by source hash).
+def compile_source(source: str, interleave: int = 0) -> tuple[int, int]:
+    """Load a generated module (compiling its ``chunk`` and ``finish``): their C addresses.
 
-    ``serial`` gives ``kernel_serial`` instead: the same loops without ``prange`` threads.
+    Memoised by source hash (the module, so the compiled code, stays loaded); numba's cache on
+    disk spares the compilation on a later run. ``interleave``: LLVM's
+    ``-force-vector-interleave`` during the compilation.
     """
-    module = load_generated(source, "k")
-    kernel: Callable[..., Any] = module.kernel_serial if serial else module.kernel
-    return kernel
+    from fusekit.stitch.codegen import launch
+
+    with llvm_interleave(interleave):
+        module = load_generated(source, "k")
+    return launch.address(module.chunk), launch.address(module.finish)
+
+
+_launch: Callable[..., None] | None = None
+_launch_serial: Callable[..., None] | None = None
+
+
+def _load_launchers() -> None:
+    """Import :mod:`.launch` (compiling or loading the launchers) at the first kernel call."""
+    global _launch, _launch_serial
+    from fusekit.stitch.codegen import launch
+
+    _launch, _launch_serial = launch.launch, launch.launch_serial
 
 
 #: stride signatures of its inputs one kernel compiles a variant for; inputs of further ones are
@@ -672,7 +724,7 @@ class _Variant:
     views: dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]
     outs: list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]  # name, shape, strides
     part_specs: list[tuple[int, np.dtype[Any]]]
-    fn: Callable[..., Any] | None = None
+    fn: tuple[int, int] | None = None  # addresses of chunk and finish
 
 
 class CpuKernel:
@@ -743,20 +795,23 @@ class CpuKernel:
             else:  # copies in contiguous memory
                 ins = [x.contiguous() for x in ins]
                 variant = self._variants[self._contiguous]
-        first = variant.fn is None
-        if variant.fn is None:
-            variant.fn = compile_source(variant.source, self.serial)
+        if variant.fn is None:  # numba compiles (or loads its cache) at the first call
+            variant.fn = compile_source(variant.source, self.interleave)
+        if _launch is None:
+            _load_launchers()
+        chunk, finish = variant.fn
         # the kernel takes data addresses; outputs allocated by torch in their shapes, the
         # tensors outlive the call
         out = {t: _empty(shape, step, dtype) for t, shape, step, dtype in variant.outs}
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype) for size, dtype in variant.part_specs]
-        addrs = [x.data_ptr() for x in ins] + [o.data_ptr() for o in out.values()]
-        if first:  # numba compiles (or loads its cache) on the first call
-            with llvm_interleave(self.interleave):
-                variant.fn(*addrs, *parts, chunks, *self._trips)
-        else:
-            variant.fn(*addrs, *parts, chunks, *self._trips)
+        argv = np.array(
+            [*(x.data_ptr() for x in ins), *(o.data_ptr() for o in out.values()),
+             *(p.ctypes.data for p in parts), *self._trips, chunks],
+            dtype=np.int64,
+        )  # fmt: skip
+        run = _launch_serial if self.serial else _launch
+        run(chunk, finish, argv, chunks)  # type: ignore[misc]
         for t, (k, shape, (base, step)) in variant.views.items():
             x = ins[k]
             out[t] = torch.as_strided(x, shape, step, x.storage_offset() + base)

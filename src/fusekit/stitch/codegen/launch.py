@@ -1,0 +1,76 @@
+"""The CPU kernels' launchers: one parallel loop over chunks, compiled once for every kernel.
+
+A generated kernel (:mod:`fusekit.stitch.codegen.cpu`) is two plain functions of one signature,
+:data:`CHUNK`: ``chunk(c, argv)`` computes chunk ``c`` of the rows, ``finish(c, argv)``
+combines the column reductions' partials after every chunk (``argv``: the address of an
+``int64`` array holding the tensors' data addresses, the partials', the trip counts and the
+chunk count). The launchers take the addresses of their C entry points (:func:`address`), so
+that the thread loop::
+
+    for c in prange(n_chunks):
+        chunk(c, argv)
+    finish(n_chunks, argv)
+
+is compiled once (and cached on disk), not per kernel: numba's ``parallel=True`` pipeline costs
+about a second more per function than the function itself.
+
+Importing this module compiles (or loads) both launchers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir as llvm_ir
+from numba import types
+from numba.extending import intrinsic
+
+#: A kernel's chunk and finish: ``(chunk index, address of its int64 argument array) -> None``.
+CHUNK = types.void(types.int64, types.int64)
+_LAUNCH = types.void(types.int64, types.int64, types.int64[::1], types.int64)
+
+
+def address(fn: Any) -> int:
+    """The address of the C entry point of ``fn``, a function compiled for :data:`CHUNK`.
+
+    numba compiles a C-ABI wrapper beside every ``njit`` function (what it passes for a
+    first-class function); calling it through its address costs a call, where passing the
+    dispatcher costs its unboxing, about 100 us a launch.
+    """
+    res = fn.get_compile_result(CHUNK)
+    addr = res.library.get_pointer_to_function(res.fndesc.llvm_cfunc_wrapper_name)
+    if not addr:
+        raise RuntimeError(f"stitch: no C entry point compiled for {fn}")
+    return int(addr)
+
+
+@intrinsic
+def _call(typingctx, fn, c, argv):  # type: ignore[no-untyped-def]
+    # call the C function at address fn with (c, argv)
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i64 = llvm_ir.IntType(64)
+        fnty = llvm_ir.FunctionType(llvm_ir.VoidType(), [i64, i64])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1], args[2]])
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@numba.njit(_LAUNCH, parallel=True, cache=True)
+def launch(chunk, finish, argv, n_chunks):  # type: ignore[no-untyped-def]
+    """``chunk`` (an :func:`address`) over ``n_chunks`` chunks on numba's threads; ``finish``."""
+    addr = np.int64(argv.ctypes.data)
+    for c in numba.prange(n_chunks):
+        _call(chunk, np.int64(c), addr)  # type: ignore[call-arg]
+    _call(finish, n_chunks, addr)  # type: ignore[call-arg]
+
+
+@numba.njit(_LAUNCH, cache=True)
+def launch_serial(chunk, finish, argv, n_chunks):  # type: ignore[no-untyped-def]
+    """``chunk`` over ``n_chunks`` chunks on the calling thread, then ``finish``."""
+    addr = np.int64(argv.ctypes.data)
+    for c in range(n_chunks):
+        _call(chunk, c, addr)  # type: ignore[call-arg]
+    _call(finish, n_chunks, addr)  # type: ignore[call-arg]
