@@ -227,3 +227,35 @@ def test_strided_inputs_are_read_in_place_by_a_variant(target: CPUTarget) -> Non
     columns = (torch.randn(6, 16, 4, generator=g).transpose(1, 2), args[1])
     torch.testing.assert_close(stitched(*columns), AddCat()(*columns))
     assert len(kernel._variants) == 2
+
+
+def test_kernels_compile_ahead_in_worker_processes(target: CPUTarget, tmp_path, monkeypatch):
+    # a plan's kernels numba's cache lacks compile in fresh interpreters, one per core; this
+    # process then loads them from the cache and they compute what the reference does
+    from fusekit.stitch.codegen import compiling, render
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a cold cache, the workers' too
+    monkeypatch.setattr(render, "_MODULES", {})  # none loaded in this process either
+    monkeypatch.setenv(compiling.WORKERS_ENV, "0")  # planning compiles nothing ahead
+    cases = []
+    for name in ("bias_gelu", "layernorm_fwd"):
+        w = load_workload(name, small=True)
+        cap, planned = Stitched(w.module, target).prepare(*w.args)
+        env = dict(cap.values(*w.args))
+        for group, kernel in zip(planned.plan.groups, planned.kernels, strict=True):
+            want = reference_group(planned.plan.graph, group.ops, env)
+            if isinstance(kernel, CpuKernel):
+                cases.append((kernel, dict(env), want))
+            env.update(want)
+    jobs = [(k.source, k.interleave) for k, _, _ in cases]
+    assert len(set(jobs)) >= 2 and not any(compiling.is_cached(s) for s, _ in jobs)
+    monkeypatch.setenv(compiling.WORKERS_ENV, "2")
+    assert compiling.precompile(jobs) == len(set(jobs))
+    assert all(compiling.is_cached(s) for s, _ in jobs)
+    assert compiling.precompile(jobs) == 0  # all cached now: no workers
+    for kernel, env, want in cases:
+        got = kernel(env)
+        for k, v in want.items():  # erf's approximation: 1e-6 absolute
+            torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv(compiling.WORKERS_ENV, "0")
+    assert compiling.precompile([("x = 1\n", 0), ("x = 2\n", 0)]) == 0  # workers off

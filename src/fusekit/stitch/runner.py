@@ -45,6 +45,7 @@ from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.classify import OpClass, classify, layout_only
+from fusekit.stitch.codegen.compiling import precompile
 from fusekit.stitch.codegen.cpu import CpuKernel
 from fusekit.stitch.codegen.triton import TritonKernel
 from fusekit.stitch.epilogue import merged_addend
@@ -285,6 +286,8 @@ class PlannedGraph:
                 "OMP_WAIT_POLICY=PASSIVE before importing torch"
             )
         self.kernels, reads = _kernels(self.graph, plan.groups, backend)
+        # every kernel numba's cache lacks, compiled ahead in worker processes (one per core)
+        precompile([(k.source, k.interleave) for k in self.kernels if isinstance(k, CpuKernel)])
         self._drops = _last_reads(reads, {*self.graph.outputs, *self.constants})
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 

@@ -30,12 +30,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 import torch
@@ -45,6 +43,7 @@ from fusekit.ir.expr import Access, Call, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.alone import fit_strides, plain_vars
 from fusekit.stitch.codegen.approx import prelude
+from fusekit.stitch.codegen.compiling import compile_module
 from fusekit.stitch.codegen.render import (
     HALF,
     Dialect,
@@ -52,7 +51,6 @@ from fusekit.stitch.codegen.render import (
     compute_dtype,
     digit_splits,
     identity,
-    load_generated,
     recomputed,
     static_shape,
     strides,
@@ -279,23 +277,6 @@ def interleave_count(graph: Graph, layout: Layout) -> int:
         for n in walk(layout.exprs[op])
     )
     return INTERLEAVE if heavy else 0
-
-
-@contextmanager
-def llvm_interleave(count: int) -> Iterator[None]:
-    """Compile (numba's first call) with LLVM's ``-force-vector-interleave=count``; 0: no change.
-
-    An LLVM command-line option, global to the process: set for the compilation only, then back
-    to 0 (the cost model's choice).
-    """
-    if not count:
-        yield
-        return
-    llvm.set_option("fusekit", f"-force-vector-interleave={count}")
-    try:
-        yield
-    finally:
-        llvm.set_option("fusekit", "-force-vector-interleave=0")
 
 
 #: the prelude's name stem of each 16-bit float's conversions
@@ -694,8 +675,7 @@ def compile_source(source: str, interleave: int = 0) -> tuple[int, int]:
     """
     from fusekit.stitch.codegen import launch
 
-    with llvm_interleave(interleave):
-        module = load_generated(source, "k")
+    module = compile_module(source, interleave)
     return launch.address(module.chunk), launch.address(module.finish)
 
 

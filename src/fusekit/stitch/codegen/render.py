@@ -350,6 +350,16 @@ def _current(path: Path, source: str) -> bool:
         return False
 
 
+def source_digest(source: str) -> str:
+    """The name stem of a generated module: the first 20 hex digits of its sha256."""
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+def is_loaded(source: str, prefix: str) -> bool:
+    """Whether this process has loaded the generated module of ``source`` already."""
+    return f"fusekit_stitch_{prefix}_{source_digest(source)}" in _MODULES
+
+
 def load_generated(source: str, prefix: str) -> ModuleType:
     """Write ``source`` to the cache (named by its hash), verify it, import it; memoised by hash.
 
@@ -362,7 +372,7 @@ def load_generated(source: str, prefix: str) -> ModuleType:
     Raises:
         OSError: the cache folder cannot be written.
     """
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    digest = source_digest(source)
     name = f"fusekit_stitch_{prefix}_{digest}"
     if name in _MODULES:
         return _MODULES[name]
