@@ -28,22 +28,28 @@ def target():
     return detect()
 
 
-def _check_groups(name, target, device="cpu"):
-    w = load_workload(name, small=True)
-    cap = capture(w.module, w.args)
+def _kernels(module, args, target, device="cpu", tol=(1e-5, 1e-6), equal_nan=True):
+    """Run every stitched group of ``module`` under the interpreter against the reference."""
+    cap = capture(module, args)
     p = plan(cap.graph, target)
-    env = {k: v.to(device) for k, v in cap.values(*w.args).items()}
-    schemes = set()
+    env = {k: v.to(device) for k, v in cap.values(*args).items()}
+    kernels = []
     for group in p.groups:
         want = reference_group(p.graph, group.ops, env)
         if group.layout is not None:
             kernel = TritonKernel(p.graph, group.layout)
             got = kernel(env)
             for k, v in want.items():
-                torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-4)  # fp32, tree sums
-            schemes.add(group.layout.scheme)
+                torch.testing.assert_close(got[k], v, rtol=tol[0], atol=tol[1], equal_nan=equal_nan)
+            kernels.append(kernel)
         env.update(want)
-    return schemes
+    return kernels
+
+
+def _check_groups(name, target, device="cpu"):
+    w = load_workload(name, small=True)
+    kernels = _kernels(w.module, w.args, target, device, (1e-4, 1e-4), False)  # fp32, tree sums
+    return {k.layout.scheme for k in kernels}
 
 
 @pytest.mark.parametrize(
@@ -119,24 +125,6 @@ def test_a_rotary_cat_group_matches_reference(target):
             for k, v in want.items():
                 torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5)
         env.update(want)
-
-
-def _kernels(module, args, target):
-    """Run every stitched group of ``module`` under the interpreter against the reference."""
-    cap = capture(module, args)
-    p = plan(cap.graph, target)
-    env = dict(cap.values(*args))
-    kernels = []
-    for group in p.groups:
-        want = reference_group(p.graph, group.ops, env)
-        if group.layout is not None:
-            kernel = TritonKernel(p.graph, group.layout)
-            got = kernel(env)
-            for k, v in want.items():
-                torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, equal_nan=True)
-            kernels.append(kernel)
-        env.update(want)
-    return kernels
 
 
 class _Softmax(torch.nn.Module):

@@ -20,7 +20,6 @@ from fusekit.accel.tree_model.collectives import collective_cost
 from fusekit.accel.tree_model.compute import MAC_PJ, compute_cycles
 from fusekit.accel.tree_model.fit import binding_of
 from fusekit.accel.tree_model.merge import merge_levels, node_cycles
-from fusekit.accel.tree_model.nests import temporal_period
 from fusekit.accel.tree_model.records import (
     Access,
     Children,
@@ -295,21 +294,19 @@ class SteadyState:
     def leaf_period(self, node: TreeNode) -> int | None:
         """The period of a leaf's transfers when it can be folded, else ``None``.
 
-        Every tensor of the leaf moves a new tile each ``P_t`` iterations (or once,
-        :func:`.nests.temporal_period`); with all tensors over the same ``n`` iterations, the
-        leaf's per-iteration costs repeat every ``L = lcm(P_t)`` iterations except in the first
-        and the last period (the first read, the last write, the window shifted by one).
+        Every tensor of the leaf moves a new tile each ``P_t`` iterations, or once (its
+        :class:`~.records.MoveRow`'s period); with all tensors over the same ``n`` iterations,
+        the leaf's per-iteration costs repeat every ``L = lcm(P_t)`` iterations except in the
+        first and the last period (the first read, the last write, the window shifted by one).
         """
         nest = self.nests.tiles[node.id]
         if len(set(nest.iters)) != 1:
             return None
         n = nest.iters[0]
         period = 1
-        for t, tid in enumerate(node.tensors):
-            proj = self.inp.problem.projection(node.tags[t], tid)
-            p = temporal_period(nest, node, t, proj)[1]
-            if p > 0:
-                period = math.lcm(period, p)
+        for row in self.moves[node.id]:
+            if row.period > 0:
+                period = math.lcm(period, row.period)
         if n < max(FOLD_MIN_PERIODS * period, FOLD_MIN_ITERATIONS) or n % period:
             return None
         return period

@@ -22,8 +22,13 @@ from types import ModuleType
 
 import llvmlite.binding as llvm
 
-from fusekit import paths
-from fusekit.stitch.codegen.render import cache_dir, is_loaded, load_generated, source_digest
+from fusekit.stitch.codegen.render import (
+    cache_dir,
+    is_loaded,
+    load_generated,
+    source_digest,
+    write_generated,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +94,7 @@ def precompile(jobs: Sequence[tuple[str, int]]) -> int:
         return 0
     args: list[list[str]] = [[] for _ in range(n)]
     for i, (source, interleave) in enumerate(todo):
-        path = cache_dir() / f"k_{source_digest(source)}.py"
-        paths.write_atomic(path, source)
-        args[i % n] += [str(path), str(interleave)]
+        args[i % n] += [str(write_generated(source, "k")), str(interleave)]
     log.info("stitch: compiling %d kernels in %d processes", len(todo), n)
     env = {**os.environ, WORKERS_ENV: "0"}
     procs = [

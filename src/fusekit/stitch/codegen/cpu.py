@@ -671,24 +671,20 @@ def compile_source(source: str, interleave: int = 0) -> tuple[int, int]:
 
     Memoised by source hash (the module, so the compiled code, stays loaded); numba's cache on
     disk spares the compilation on a later run. ``interleave``: LLVM's
-    ``-force-vector-interleave`` during the compilation.
+    ``-force-vector-interleave`` during the compilation. The first call also loads the
+    launchers (:mod:`.launch`) that run them.
     """
-    from fusekit.stitch.codegen import launch
-
-    module = compile_module(source, interleave)
-    return launch.address(module.chunk), launch.address(module.finish)
-
-
-_launch: Callable[..., None] | None = None
-_launch_serial: Callable[..., None] | None = None
-
-
-def _load_launchers() -> None:
-    """Import :mod:`.launch` (compiling or loading the launchers) at the first kernel call."""
     global _launch, _launch_serial
     from fusekit.stitch.codegen import launch
 
     _launch, _launch_serial = launch.launch, launch.launch_serial
+    module = compile_module(source, interleave)
+    return launch.address(module.chunk), launch.address(module.finish)
+
+
+#: :func:`.launch.launch` and :func:`.launch.launch_serial`, bound by :func:`compile_source`
+_launch: Callable[..., None] | None = None
+_launch_serial: Callable[..., None] | None = None
 
 
 #: stride signatures of its inputs one kernel compiles a variant for; inputs of further ones are
@@ -777,8 +773,6 @@ class CpuKernel:
                 variant = self._variants[self._contiguous]
         if variant.fn is None:  # numba compiles (or loads its cache) at the first call
             variant.fn = compile_source(variant.source, self.interleave)
-        if _launch is None:
-            _load_launchers()
         chunk, finish = variant.fn
         # the kernel takes data addresses; outputs allocated by torch in their shapes, the
         # tensors outlive the call

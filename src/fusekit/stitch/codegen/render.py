@@ -360,6 +360,19 @@ def is_loaded(source: str, prefix: str) -> bool:
     return f"fusekit_stitch_{prefix}_{source_digest(source)}" in _MODULES
 
 
+def write_generated(source: str, prefix: str) -> Path:
+    """The cache file of ``source`` (named by its hash), written unless it holds exactly that.
+
+    A file whose bytes differ (truncated, edited, planted) is replaced with one warning.
+    """
+    path = cache_dir() / f"{prefix}_{source_digest(source)}.py"
+    if not _current(path, source):
+        if path.exists() or path.is_symlink():
+            log.warning("generated kernel %s does not match its hash; regenerating it", path)
+        paths.write_atomic(path, source)
+    return path
+
+
 def load_generated(source: str, prefix: str) -> ModuleType:
     """Write ``source`` to the cache (named by its hash), verify it, import it; memoised by hash.
 
@@ -372,15 +385,10 @@ def load_generated(source: str, prefix: str) -> ModuleType:
     Raises:
         OSError: the cache folder cannot be written.
     """
-    digest = source_digest(source)
-    name = f"fusekit_stitch_{prefix}_{digest}"
+    name = f"fusekit_stitch_{prefix}_{source_digest(source)}"
     if name in _MODULES:
         return _MODULES[name]
-    path = cache_dir() / f"{prefix}_{digest}.py"
-    if not _current(path, source):
-        if path.exists() or path.is_symlink():
-            log.warning("generated kernel %s does not match its hash; regenerating it", path)
-        paths.write_atomic(path, source)
+    path = write_generated(source, prefix)
     module = ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module  # numba's cache re-imports the module by name
