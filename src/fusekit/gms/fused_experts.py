@@ -23,8 +23,8 @@ Items are whole experts when dealing them to threads by cost, longest first
 ones), comes within :data:`BALANCE_SLACK` of an even split; otherwise experts are split into the
 fewest column ranges that balance the threads
 (:func:`~fusekit.gms.kernels.cpu.schedule.balanced_chunks`). The products are
-:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w` (weight-streaming for few rows, packed
-panels for many), gathering ``x`` rows in place. The reference is the general path
+:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_w` (weight-streaming), gathering ``x`` rows in
+place. The reference is the general path
 (:func:`fusekit.gms.experts.swiglu_experts` on :class:`fusekit.gms.routing.ExpertSegments`),
 which the tests compare with.
 """
@@ -41,13 +41,15 @@ from numba import prange
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
-from fusekit.gms.kernels.cpu.skinny import item_cost, rows_times_w, segment_block
+from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, item_cost, rows_times_w, segment_block
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 from fusekit.gms.routing import BAD_EXPERT, DONE, check_routing, sort_pairs
 
-#: Most pairs one expert may receive on this path: beyond it ATen's GEMM on the general path
-#: overtakes the streaming kernel (``benchmarks/moe.py`` compares the paths by token count).
-DECODE_ROWS = 64
+#: Most pairs one expert may receive on this path: the general path's segments of this many rows
+#: run the same streaming kernel (:data:`~fusekit.gms.kernels.cpu.skinny.SKINNY_ROWS`), and
+#: beyond it the BLAS GEMM that the general path gives larger segments outruns any numba loop
+#: (``benchmarks/moe.py`` compares the paths by token count).
+DECODE_ROWS = SKINNY_ROWS
 
 #: Most a thread's share of whole-expert items may exceed an even split before experts are split
 #: into column ranges (a split's shorter rows stream slower, a cost on every item's time).

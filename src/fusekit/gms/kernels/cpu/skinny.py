@@ -14,12 +14,6 @@ multiply-adds. A segment is split into ``threads / gcd(segments, threads)`` colu
 fewest that give every thread the same number of items: whole matrices stream best (contiguous),
 and short column runs of narrow matrices defeat the prefetcher. Reference: ``torch.mm`` per
 segment.
-
-From :data:`PACKED_ROWS` rows of one product (MoE experts hit by many of a few dozen tokens),
-the FMAs cost more than the stream and the accumulators' round trips through L1/L2 cap the
-streaming loop below a core's peak; :func:`packed_rows_times_w` then copies ``KC x NC`` blocks of
-``w`` into a padded panel and keeps an ``MR x NR`` tile in registers across the panel's depth,
-as a BLAS GEMM does.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.checks import check_rows_operand, check_segment_ptr
 from fusekit.gms.kernels.cpu.rows import check_out, numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
-from fusekit.gms.kernels.cpu.tile import FASTMATH, MR, MR_NR, NR, stack_buffer
+from fusekit.gms.kernels.cpu.tile import FASTMATH, MR_NR, stack_buffer
 
 if TYPE_CHECKING:
     import torch
@@ -44,93 +38,8 @@ if TYPE_CHECKING:
 SKINNY_ROWS = 16
 
 
-#: Rows from which :func:`rows_times_w` packs panels of ``w`` (:func:`packed_rows_times_w`):
-#: from about here the packed register tile outruns the streaming loop.
-PACKED_ROWS = 24
-#: Depth and width of a packed panel of ``w`` (``KC x NC`` fp32: 64 KiB, an L2 resident).
-KC, NC = 256, 64
-
-
 @numba.njit(cache=True, fastmath=FASTMATH)
 def rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
-    """``acc[r, :] += a[a_rows[r]] @ w[:, c0:c1]`` for every ``r``.
-
-    :func:`streaming_rows_times_w` below :data:`PACKED_ROWS` rows (reading ``w`` once is the
-    cost), :func:`packed_rows_times_w` from there (the FMAs are).
-    """
-    if a_rows.shape[0] >= PACKED_ROWS:
-        packed_rows_times_w(a, a_rows, w, c0, c1, acc)
-    else:
-        streaming_rows_times_w(a, a_rows, w, c0, c1, acc)
-
-
-@numba.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _panel_tile(a, r0, r1, r2, r3, k0, kc, panel, j0, tile):  # type: ignore[no-untyped-def]
-    """``tile[r, j] = sum_{k < kc} a[r_r, k0 + k] * panel[k, j0 + j]``, ``r < MR``, ``j < NR``.
-
-    The ``MR x NR`` accumulators live in registers across ``k`` (a stack ``tile``, as in
-    :func:`~fusekit.gms.kernels.cpu.tile.tile_product`, which reads unpacked ``w`` instead).
-    """
-    for r in range(MR):
-        for j in range(NR):
-            tile[r, j] = 0
-    col = np.uint64(j0)
-    for k in range(kc):
-        ka = k0 + k
-        a0, a1, a2, a3 = a[r0, ka], a[r1, ka], a[r2, ka], a[r3, ka]
-        for j in range(NR):
-            wv = panel[np.uint64(k), col + np.uint64(j)]
-            tile[0, j] += a0 * wv
-            tile[1, j] += a1 * wv
-            tile[2, j] += a2 * wv
-            tile[3, j] += a3 * wv
-
-
-@numba.njit(cache=True, fastmath=FASTMATH)
-def packed_rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
-    """``acc[r, :] += a[a_rows[r]] @ w[:, c0:c1]``, blocked and packed as in a BLAS GEMM.
-
-    For each ``KC x NC`` block of ``w`` (rows of ``NC`` contiguous columns), the block is copied
-    into a panel whose rows are ``NC + NR`` long: rows of ``w`` lie a power of two apart
-    (4 KiB for ``M = 1024``), so an ``NR``-column strip down ``k`` maps to one L1 set and evicts
-    itself; the padded stride spreads it over all sets. Every ``MR``-row block then runs the
-    register tile over the panel (:func:`_panel_tile`) and adds it into ``acc``. A partial row
-    block repeats its first row and adds only the valid rows; columns past the last whole
-    ``NR`` strip go to :func:`streaming_rows_times_w`.
-    """
-    depth = w.shape[0]
-    n = a_rows.shape[0]
-    whole = c0 + (c1 - c0) // NR * NR
-    tile = carray(stack_buffer(acc, MR_NR), (MR, NR))
-    panel = np.empty((KC, NC + NR), dtype=w.dtype)
-    for n0 in range(c0, whole, NC):
-        nc = min(NC, whole - n0)
-        for k0 in range(0, depth, KC):
-            kc = min(KC, depth - k0)
-            for k in range(kc):
-                src = w[k0 + k, n0 : n0 + nc]
-                dst = panel[k, :nc]
-                for j in range(nc):
-                    dst[j] = src[j]
-            for j0 in range(0, nc, NR):
-                col = n0 - c0 + j0
-                for rb in range(0, n, MR):
-                    valid = min(MR, n - rb)
-                    r0 = a_rows[rb]
-                    r1 = a_rows[rb + 1] if valid > 1 else r0
-                    r2 = a_rows[rb + 2] if valid > 2 else r0
-                    r3 = a_rows[rb + 3] if valid > 3 else r0
-                    _panel_tile(a, r0, r1, r2, r3, k0, kc, panel, j0, tile)
-                    for r in range(valid):
-                        row = acc[rb + r, col : col + NR]
-                        for j in range(NR):
-                            row[j] += tile[r, j]
-    if whole < c1:
-        streaming_rows_times_w(a, a_rows, w, whole, c1, acc[:, whole - c0 :])
-
-
-@numba.njit(cache=True, fastmath=FASTMATH)
-def streaming_rows_times_w(a, a_rows, w, c0, c1, acc):  # type: ignore[no-untyped-def]
     """``acc[r, :] += a[a_rows[r]] @ w[:, c0:c1]`` for every ``r``: the streaming inner product.
 
     ``w`` (``[K, M]``) is read once, four rows of the column range at a time; rows of ``a`` are
