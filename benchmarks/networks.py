@@ -18,9 +18,16 @@ Three parts, each timed side by side in this process (medians over interleaved p
   widths of Mixtral (scaled to hidden 1024), Qwen3-MoE 30B-A3B and OLMoE 1B-7B, random
   weights), one model per family whose experts run through each registered experts
   implementation in turn (``model.set_experts_implementation``): ``fusekit`` against HF's
-  ``grouped_mm``, ``batched_mm`` and ``eager``. ``prefill``: one forward of 512 tokens;
-  ``decode``: 64 greedy steps of one token with the KV cache after a 32-token prompt (seconds
-  per token).
+  ``grouped_mm``, ``batched_mm`` and ``eager``. ``prefill``: one forward of 512 tokens with
+  the last position's logits, as ``generate()`` runs it (``logits_to_keep=1``); ``decode``: 64
+  greedy steps of one token with the KV cache after a 32-token prompt (seconds per token).
+  Forward hooks time the experts modules inside the model (``experts_s``) and count what the
+  routing made them do: the hit experts' weight bytes and the GEMM FLOPs. Their roofline
+  (``experts_roofline_s``: the larger of bytes over the machine's read bandwidth and FLOPs over
+  its GEMM rate, both measured at the start of the part) gives ``ceiling_over_best_peer``: the
+  best peer's time over the same time with its experts at that roofline, the most any experts
+  implementation can gain on this model (Amdahl's law: attention, norms and the LM head are
+  the model's own).
 * ``rgcn``: PyG's two-layer entity-classification RGCN (featureless first layer, 30 bases,
   hidden 16, Adam 0.01, weight decay 5e-4) trained on AIFB and MUTAG with PyG's and fusekit's
   ``RGCNConv`` from the same initial parameters, until the training loss stops falling
@@ -39,7 +46,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +71,9 @@ PLOTS = (
 TABLES = (
     Summary(title="Speedup of fusekit over the best peer", rows=["problem"],
             values=["speedup_over_best_peer"], across="study", where={"impl": "fusekit"}),
+    Summary(title="HF MoE: fusekit's speedup and the ceiling of any experts implementation",
+            rows=["problem", "study"], values=["speedup_over_best_peer", "ceiling_over_best_peer"],
+            where={"impl": "fusekit", "part": "hf"}),
     Summary(title="Median seconds (per call; decode: per token; train: per epoch)",
             rows=["problem", "study"], values=["median_s"], across="impl"),
 )  # fmt: skip
@@ -301,58 +311,171 @@ def hf_model(family: Family, quick: bool) -> torch.nn.Module:
     return getattr(transformers, family.model)(config).eval()  # type: ignore[no-any-return]
 
 
+@dataclass
+class ExpertsClock:
+    """What a model's experts modules did over the calls since :meth:`reset` (forward hooks).
+
+    ``seconds``: wall time inside them. ``weight_bytes``: the weights of the experts the
+    routing hit, per call (what the experts must read at least once). ``flops``: ``2 x pairs x``
+    the per-expert weight elements (the two expert GEMMs).
+    """
+
+    seconds: float = 0.0
+    weight_bytes: float = 0.0
+    flops: float = 0.0
+    _start: float = 0.0
+
+    def reset(self) -> None:
+        """Zero the counts."""
+        self.seconds = self.weight_bytes = self.flops = 0.0
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Hook every HF experts module of ``model``."""
+        from fusekit.nn.hf import is_hf_experts
+
+        for module in model.modules():
+            if is_hf_experts(module):
+                module.register_forward_pre_hook(self._enter)
+                module.register_forward_hook(self._leave)
+
+    def _enter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        self._start = time.perf_counter()
+
+    def _leave(self, module: torch.nn.Module, args: tuple[Any, ...], out: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+        experts = args[1]  # (hidden_states, top_k_index, top_k_weights)
+        per_expert = sum(
+            p[0].numel() * p.element_size()
+            for name, p in module.named_parameters(recurse=False)
+            if name.endswith("_proj")
+        )
+        elements = per_expert / module.down_proj.element_size()
+        self.weight_bytes += int(torch.unique(experts).numel()) * per_expert
+        self.flops += 2.0 * experts.numel() * elements
+
+
+def experts_ceiling(peer: dict[str, float], bound_s: float) -> float:
+    """The best peer's seconds over them with its experts at the roofline (Amdahl's ceiling).
+
+    ``peer``: the best peer's ``median_s`` and ``experts_s``; ``bound_s``: the experts' roofline
+    time, ``max(weight_bytes / read bandwidth, flops / GEMM rate)``. No experts implementation
+    can make the model faster than this by its experts alone.
+    """
+    return peer["median_s"] / (peer["median_s"] - peer["experts_s"] + bound_s)
+
+
 def hf_part(quick: bool, repeats: int, budget_s: float) -> list[dict[str, object]]:
     """Prefill of 512 tokens and 64 decode steps, per family and experts implementation."""
+    from fusekit.hw.detect import gemm_flops_per_s, read_bytes_per_s
+
+    rates = (read_bytes_per_s(), gemm_flops_per_s()[0])
     rows: list[dict[str, object]] = []
     for family in FAMILIES:
-        rows += hf_family(family, quick, repeats, budget_s)
+        rows += hf_family(family, quick, repeats, budget_s, rates)
     return rows
 
 
 def hf_family(
-    family: Family, quick: bool, repeats: int, budget_s: float
+    family: Family,
+    quick: bool,
+    repeats: int,
+    budget_s: float,
+    rates: tuple[float, float],
 ) -> list[dict[str, object]]:
-    """Both studies of one family, every usable experts implementation on the same model."""
+    """Both studies of one family, every usable experts implementation on the same model.
+
+    ``rates``: the machine's read bandwidth and GEMM FLOP/s, for :func:`experts_ceiling`.
+    """
     model = hf_model(family, quick)
+    clock = ExpertsClock()
+    clock.attach(model)
     prefill_tokens, prompt_tokens, steps = (64, 8, 8) if quick else (512, 32, 64)
     torch.manual_seed(0)
     prompt = torch.randint(0, 32_000, (1, prefill_tokens))
     short = prompt[:, :prompt_tokens]
 
-    def prefill(name: str) -> Callable[[], torch.Tensor]:
+    def prefill(name: str, keep: int = 1) -> Callable[[], torch.Tensor]:
+        """One forward of the prompt; ``keep=1``: the last position's logits, as generate() asks."""
+
         def run() -> torch.Tensor:
             model.set_experts_implementation(name)
             with torch.no_grad():
-                return model(prompt).logits  # type: ignore[no-any-return]
+                return model(prompt, logits_to_keep=keep).logits  # type: ignore[no-any-return]
 
         return run
 
-    def decode(name: str) -> float:
+    def decode(name: str) -> tuple[float, ExpertsClock]:
         """Seconds of ``steps`` greedy steps with the KV cache (the prompt's prefill untimed)."""
         model.set_experts_implementation(name)
         with torch.no_grad():
             out = model(short, use_cache=True)
             cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+            clock.reset()
             start = time.perf_counter()
             for _ in range(steps):
                 out = model(token, cache=cache, use_cache=True)
                 cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-            return time.perf_counter() - start
+            return time.perf_counter() - start, replace(clock)
 
-    check(f"{family.name} prefill", relative_error(prefill("fusekit")(), prefill("eager")()), 1e-4)
+    check(f"{family.name} prefill", relative_error(prefill("fusekit", 0)(), prefill("eager", 0)()),
+          1e-4)  # fmt: skip
     impls = [name for name in IMPLEMENTATIONS if usable(model, name, prompt)]
-    times = time_impls({name: prefill(name) for name in impls}, repeats, budget_s)
     problem = f"{family.name} 2 layers"
+    experts: dict[str, list[float]] = {name: [] for name in impls}
+    bound = [0.0]
+
+    def timed_prefill(name: str) -> Callable[[], object]:
+        run = prefill(name)
+
+        def call() -> object:
+            clock.reset()
+            out = run()
+            experts[name].append(clock.seconds)
+            bound[0] = max(clock.weight_bytes / rates[0], clock.flops / rates[1])
+            return out
+
+        return call
+
+    times = time_impls({name: timed_prefill(name) for name in impls}, repeats, budget_s)
     rows = rows_of("hf", problem, "prefill", times, tokens=prefill_tokens)
+    add_experts(rows, {name: statistics.median(ts) for name, ts in experts.items()}, bound[0])
     print(summary(rows), flush=True)
-    runs: dict[str, list[float]] = {name: [] for name in impls}
+    runs: dict[str, list[tuple[float, ExpertsClock]]] = {name: [] for name in impls}
     for _ in range(max(1, repeats // 2)):  # interleaved, one warm-up call each first
         for name in impls:
-            runs[name].append(decode(name) / steps)
-    per_token = {name: statistics.median(ts[1:] or ts) for name, ts in runs.items()}
-    rows += rows_of("hf", problem, "decode", per_token, tokens=steps)
-    print(summary(rows[len(impls) :]), flush=True)
-    return rows
+            runs[name].append(decode(name))
+    per_token, experts_per_token = {}, {}
+    for name, results in runs.items():
+        kept = results[1:] or results
+        per_token[name] = statistics.median(t for t, _ in kept) / steps
+        experts_per_token[name] = statistics.median(c.seconds for _, c in kept) / steps
+    last = runs[impls[0]][-1][1]
+    decode_bound = max(last.weight_bytes / rates[0], last.flops / rates[1]) / steps
+    decode_rows = rows_of("hf", problem, "decode", per_token, tokens=steps)
+    add_experts(decode_rows, experts_per_token, decode_bound)
+    print(summary(decode_rows), flush=True)
+    return rows + decode_rows
+
+
+def add_experts(rows: list[dict[str, object]], experts_s: dict[str, float], bound_s: float) -> None:
+    """Each row's seconds in the experts; fusekit's row gets the roofline and the ceiling.
+
+    ``experts_roofline_s``: the experts' bound (:class:`ExpertsClock`); ``ceiling_over_best_peer``:
+    :func:`experts_ceiling` of the best peer (the speedup the acceptance's ratio cannot exceed).
+    """
+    for row in rows:
+        row["experts_s"] = experts_s[str(row["impl"])]
+    peers = [r for r in rows if r["impl"] != "fusekit"]
+    if not peers:
+        return
+    best = min(peers, key=lambda r: float(r["median_s"]))  # type: ignore[arg-type]
+    for row in rows:
+        if row["impl"] == "fusekit":
+            row["experts_roofline_s"] = bound_s
+            row["ceiling_over_best_peer"] = experts_ceiling(
+                {"median_s": float(best["median_s"]), "experts_s": float(best["experts_s"])},  # type: ignore[arg-type]
+                bound_s,
+            )
 
 
 def usable(model: torch.nn.Module, name: str, prompt: torch.Tensor) -> bool:
@@ -443,6 +566,8 @@ def summary(rows: list[dict[str, object]]) -> str:
     cells = [f"{r['impl']} {1e3 * float(r['median_s']):.2f} ms" for r in rows]  # type: ignore[arg-type]
     mine = [r for r in rows if r["impl"] == "fusekit"]
     speed = f"  fusekit x{float(mine[0]['speedup_over_best_peer']):.2f}" if mine else ""  # type: ignore[arg-type]
+    if mine and "ceiling_over_best_peer" in mine[0]:
+        speed += f" (ceiling x{float(mine[0]['ceiling_over_best_peer']):.2f})"  # type: ignore[arg-type]
     return f"{head} {', '.join(cells)}{speed}"
 
 
