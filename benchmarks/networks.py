@@ -541,8 +541,9 @@ def train(net: torch.nn.ModuleList, g: Any, max_epochs: int) -> dict[str, float]
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - start)
-        stale = 0 if float(loss) < best - 1e-4 else stale + 1
-        best = min(best, float(loss))
+        value = loss.item()
+        stale = 0 if value < best - 1e-4 else stale + 1
+        best = min(best, value)
         if stale >= 10:
             break
     with torch.no_grad():
