@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from fusekit.gms.kmap.primitives import EMPTY, KERNEL_VOLUME, hash_slot
+from fusekit.gms.kmap.primitives import EMPTY, hash_slot
 
 
 @numba.njit(cache=True)
@@ -145,41 +145,75 @@ def neighbour_runs(  # type: ignore[no-untyped-def]
     return nbr
 
 
+@numba.njit(cache=True, inline="always")
+def _axis_outputs(c, padding, stride, out_size, out):  # type: ignore[no-untyped-def]
+    """The output coordinates ``o`` along one axis whose 3-tap window holds input ``c``.
+
+    ``o = (c + p - k) / s`` for the taps ``k`` in ``0..2`` that divide evenly and land in
+    ``[0, out_size)``; written to ``out``, their count returned (at most ``ceil(3 / s)``).
+    """
+    count = 0
+    for k in range(3):
+        q = c + padding - k
+        if q >= 0 and q % stride == 0 and q // stride < out_size:
+            out[count] = q // stride
+            count += 1
+    return count
+
+
+@numba.njit(cache=True)
+def _insert(table, bits, key):  # type: ignore[no-untyped-def]
+    """Put ``key`` in the open-addressing ``table``; whether it was new."""
+    mask = (1 << bits) - 1
+    h = hash_slot(key, bits)
+    while table[h] != EMPTY:
+        if table[h] == key:
+            return False
+        h = (h + 1) & mask
+    table[h] = key
+    return True
+
+
 @numba.njit(cache=True)
 def strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore[no-untyped-def]
-    """Sorted distinct linear keys (in ``out_shape``) of the outputs the inputs reach."""
+    """Sorted distinct linear keys (in ``out_shape``) of the outputs the inputs reach.
+
+    A 3x3x3 window reaches the outputs whose coordinate on every axis comes from
+    :func:`_axis_outputs`: their product, at most ``ceil(3 / s)^3`` per input instead of 27 taps
+    tested. Distinct keys are kept in a hash table of at least four slots per input, doubled
+    whenever it is half full.
+    """
     n = coords.shape[0]
     bits = 4
-    while (1 << bits) < 16 * n:
+    while (1 << bits) < 4 * n:
         bits += 1
-    table_keys = np.full(1 << bits, EMPTY, np.int64)
-    found = np.empty(8 * n + 1, np.int64)
+    table = np.full(1 << bits, EMPTY, np.int64)
+    found = np.empty(max(n, 16), np.int64)
     count = 0
-    mask = (1 << bits) - 1
+    zs = np.empty(3, np.int64)
+    ys = np.empty(3, np.int64)
+    xs = np.empty(3, np.int64)
     for i in range(n):
-        b = coords[i, 0]
-        for k in range(KERNEL_VOLUME):
-            q0 = coords[i, 1] + padding[0] - k // 9
-            q1 = coords[i, 2] + padding[1] - (k // 3) % 3
-            q2 = coords[i, 3] + padding[2] - k % 3
-            if q0 < 0 or q1 < 0 or q2 < 0:
-                continue
-            if q0 % stride[0] or q1 % stride[1] or q2 % stride[2]:
-                continue
-            z, y, x = q0 // stride[0], q1 // stride[1], q2 // stride[2]
-            if z >= out_shape[0] or y >= out_shape[1] or x >= out_shape[2]:
-                continue
-            row = (b * out_shape[0] + z) * out_shape[1] + y
-            key = row * out_shape[2] + x
-            h = hash_slot(key, bits)
-            while table_keys[h] != EMPTY and table_keys[h] != key:
-                h = (h + 1) & mask
-            if table_keys[h] == EMPTY:
-                table_keys[h] = key
-                if count == found.shape[0]:
-                    found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
-                found[count] = key
-                count += 1
+        nz = _axis_outputs(coords[i, 1], padding[0], stride[0], out_shape[0], zs)
+        ny = _axis_outputs(coords[i, 2], padding[1], stride[1], out_shape[1], ys)
+        nx = _axis_outputs(coords[i, 3], padding[2], stride[2], out_shape[2], xs)
+        for a in range(nz):
+            plane = (coords[i, 0] * out_shape[0] + zs[a]) * out_shape[1]
+            for b in range(ny):
+                row = (plane + ys[b]) * out_shape[2]
+                for c in range(nx):
+                    key = row + xs[c]
+                    if not _insert(table, bits, key):
+                        continue
+                    if count == found.shape[0]:
+                        found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
+                    found[count] = key
+                    count += 1
+                    if 2 * count > table.shape[0]:  # half full: double and re-insert
+                        bits += 1
+                        table = np.full(1 << bits, EMPTY, np.int64)
+                        for j in range(count):
+                            _insert(table, bits, found[j])
     return np.sort(found[:count])
 
 
