@@ -316,3 +316,29 @@ def test_released_buffers_leave_held_plans_valid():
     release_buffers()
     assert not _POOL
     torch.testing.assert_close(layer(sparse).features, before)  # the cached map's plan
+
+
+def test_layers_of_other_widths_share_a_map_plan_with_the_same_knobs(monkeypatch):
+    """4 -> 16 then 16 -> 16 on one indice_key: one plan when the knobs agree."""
+    import fusekit.nn.conv_map as conv_map
+
+    first: list[object] = []
+
+    def same_config(features, device, constraints=conv_map.KERNEL_MAP):
+        if not first:
+            first.append(conv_map.select(features, conv_map.target_for(device), constraints).config)
+        return first[0]
+
+    monkeypatch.setattr(conv_map, "choose", same_config)
+    torch.manual_seed(0)
+    a = SubMConv3d(4, 16, 3, indice_key="s")
+    b = SubMConv3d(16, 16, 3, indice_key="s")
+    x = SparseTensor(torch.randn(len(voxels()), 4), voxels(), SHAPE, 2)
+    with torch.no_grad():
+        h = a(x)
+        y = b(h)
+    entry = x.maps["s"]
+    plans = {id(plan) for plan, _ in entry.plans.values()}
+    assert len(entry.plans) == 2 and len(plans) == 1
+    want = conv_reference(h.features, b.weight, b.bias, entry.kmap)
+    torch.testing.assert_close(y.features, want, rtol=1e-5, atol=1e-5)

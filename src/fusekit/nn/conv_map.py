@@ -115,12 +115,25 @@ class ConvMap:
             self.hits = None
         else:
             cfg = choose(km.features_of(self.kmap, k, m, dtype), device, constraints)
-            plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs)
-            plan = plan.to(device) if device.type != "cpu" else plan
+            plan = self._planned(cfg, str(device))
+            if plan is None:
+                plan = km.plan_kernel_map(self.kmap, *cfg.plan_knobs)
+                plan = plan.to(device) if device.type != "cpu" else plan
         if self.subm:  # offsets r and V - 1 - r mirror each other: dX runs on this plan
             mark_mirrored(plan)
         self.plans[key] = (plan, cfg)
         return plan, cfg
+
+    def _planned(self, cfg: Config, device: str) -> GMSPlan | None:
+        """A plan already made on ``device`` with ``cfg``'s knobs, or ``None``.
+
+        A plan does not depend on the widths or dtype it runs with, so one map's layers of
+        other widths (4 -> 16, then 16 -> 16) share it when the selector picks the same knobs.
+        """
+        for (_, _, _, where, _), (plan, other) in self.plans.items():
+            if where == device and other.plan_knobs == cfg.plan_knobs:
+                return plan
+        return None
 
 
 def build_map(
