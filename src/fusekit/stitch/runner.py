@@ -131,11 +131,12 @@ def _kernels(
         ins = {t for o in group.ops for t in graph.op(o).inputs} - group.ops
         alone = next(iter(group.ops)) if len(group.ops) == 1 else None
         if alone in merged:
-            gemm_or_op = merged[alone]
-            if isinstance(gemm_or_op, str):  # the contraction: runs with its add (which reads
+            gemm_or_call = merged[alone]
+            if isinstance(gemm_or_call, str):  # the contraction: runs with its add (which reads
                 continue  # what it reads)
-            kernels.append(AtenContraction(graph, alone, gemm_or_op))
-            reads.append(set(gemm_or_op.inputs))
+            call, op = gemm_or_call
+            kernels.append(call)
+            reads.append(set(op.inputs))
             continue
         key = _call_key(graph, group)
         if key is not None and len(siblings[key]) > 1:
@@ -167,10 +168,12 @@ def _last_reads(reads: Sequence[set[str]], keep: Collection[str]) -> list[tuple[
     return [tuple(sorted(names)) for names in out]
 
 
-def _merged_epilogues(graph: Graph, groups: Sequence[Candidate]) -> dict[str, str | Op]:
-    """Contraction/add pairs that each run alone: ``{gemm: add, add: merged op}``."""
+def _merged_epilogues(
+    graph: Graph, groups: Sequence[Candidate]
+) -> dict[str, str | tuple[AtenContraction, Op]]:
+    """Contraction/add pairs that each run alone: ``{gemm: add, add: (its call, merged op)}``."""
     alone = {next(iter(g.ops)) for g in groups if len(g.ops) == 1}
-    merged: dict[str, str | Op] = {}
+    merged: dict[str, str | tuple[AtenContraction, Op]] = {}
     for name in alone:
         if classify(graph, name) is not OpClass.GEMM or len(graph.consumers(name)) != 1:
             continue
@@ -180,10 +183,10 @@ def _merged_epilogues(graph: Graph, groups: Sequence[Candidate]) -> dict[str, st
         both = merged_addend(graph, name, reader.name)
         if both is not None:
             try:
-                AtenContraction(graph, reader.name, both)
+                call = AtenContraction(graph, reader.name, both)
             except ValueError:
                 continue
-            merged[name], merged[reader.name] = reader.name, both
+            merged[name], merged[reader.name] = reader.name, (call, both)
     return merged
 
 
