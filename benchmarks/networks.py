@@ -554,7 +554,7 @@ def train(net: torch.nn.ModuleList, g: Any, max_epochs: int) -> dict[str, float]
         "epoch_s": statistics.median(times),
         "epochs": epochs,
         "test_accuracy": float((pred[g.test_idx] == g.test_y).float().mean()),
-        "final_loss": float(loss),
+        "final_loss": loss.item(),
     }
 
 
