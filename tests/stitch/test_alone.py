@@ -6,7 +6,8 @@ from torch import nn
 
 from fusekit.ir import capture
 from fusekit.ir.expr import Access, IBin, IConst, IVar
-from fusekit.stitch.alone import AtenContraction, fit_strides
+from fusekit.ir.strides import fit_strides
+from fusekit.stitch.alone import AtenContraction
 from fusekit.stitch.runner import reference_group
 
 

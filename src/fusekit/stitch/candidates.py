@@ -138,7 +138,7 @@ def _strided(graph: Graph, chain: Sequence[str]) -> bool:
     A view eager cannot make either (a reshape of a transposed tensor) is better written by
     its source's kernel than copied again after it.
     """
-    from fusekit.stitch.alone import fit_strides
+    from fusekit.ir.strides import fit_strides
     from fusekit.stitch.codegen.render import strides
 
     if not any(_transposes(graph.op(n)) for n in chain):

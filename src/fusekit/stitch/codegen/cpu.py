@@ -41,7 +41,8 @@ import torch
 from fusekit.errors import expected
 from fusekit.ir.expr import Access, Call, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.stitch.alone import fit_strides, plain_vars
+from fusekit.ir.strides import fit_strides
+from fusekit.stitch.alone import plain_vars
 from fusekit.stitch.codegen.approx import prelude
 from fusekit.stitch.codegen.compiling import compile_module
 from fusekit.stitch.codegen.render import (
