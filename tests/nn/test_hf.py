@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
@@ -13,15 +14,14 @@ from transformers.activations import ACT2FN  # noqa: E402
 from transformers.integrations.moe import use_experts_implementation  # noqa: E402
 
 from fusekit.gms.experts_ops import (  # noqa: E402
-    contiguous_weight,
     expert_combine,
     expert_combine_reference,
     expert_mm,
     expert_mm_reference,
     expert_route,
-    release_weight_cache,
     swiglu_experts_infer,
 )
+from fusekit.gms.fused_experts import experts_decode  # noqa: E402
 from fusekit.nn.hf import UnsupportedExperts, experts_variant, use_fusekit_experts  # noqa: E402
 
 _COMMON = {
@@ -441,19 +441,32 @@ def test_swiglu_infer_equals_the_op_chain(tokens: int) -> None:
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_contiguous_weight_cache_follows_in_place_updates() -> None:
-    release_weight_cache()
-    p = nn.Parameter(torch.randn(3, 4, 5))
-    view = p.transpose(1, 2)
-    first = contiguous_weight(view)
-    assert torch.equal(first, view) and first.is_contiguous()
-    assert contiguous_weight(p.transpose(1, 2)) is first  # cached: no copy per call
+def test_decode_reads_hf_weights_in_place_and_sees_updates() -> None:
+    """HF's [E, out, in] parameters go to the decode kernel as views, never copied or cached."""
+    torch.manual_seed(0)
+    num_experts, hidden, ffn = 4, 24, 20
+    gate_up = nn.Parameter(torch.randn(num_experts, 2 * ffn, hidden) * 0.2)
+    down = nn.Parameter(torch.randn(num_experts, hidden, ffn) * 0.2)
+    x = torch.randn(3, hidden)
+    experts = torch.tensor([[0, 2], [1, 2], [3, 0]])
+    weights = torch.rand(3, 2)
+
+    def want() -> torch.Tensor:
+        y = torch.zeros(3, hidden)
+        for t in range(3):
+            for j in range(2):
+                e = int(experts[t, j])
+                h = gate_up[e] @ x[t]
+                y[t] += weights[t, j] * (down[e] @ (F.silu(h[:ffn]) * h[ffn:]))
+        return y
+
     with torch.no_grad():
-        p.mul_(2)
-    second = contiguous_weight(p.transpose(1, 2))
-    assert second is not first and torch.equal(second, p.transpose(1, 2))
-    assert contiguous_weight(p) is p
-    release_weight_cache()
+        views = (gate_up.transpose(1, 2), down.transpose(1, 2))
+        torch.testing.assert_close(experts_decode(x, experts, weights, *views), want())
+        gate_up.mul_(2)  # an in-place update: the next call reads it
+        torch.testing.assert_close(experts_decode(x, experts, weights, *views), want())
+        copies = tuple(v.contiguous() for v in views)  # fusekit's own [E, in, out] layout
+        torch.testing.assert_close(experts_decode(x, experts, weights, *copies), want())
 
 
 def test_compile_inductor_decode_equals_eager() -> None:

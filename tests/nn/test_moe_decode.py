@@ -24,17 +24,27 @@ def _general(moe, x, experts, weights):
     return SwiGLUExperts.apply(x, moe.w_gate_up, moe.w_down, scale, seg)
 
 
+def _hf_layout(w: torch.Tensor) -> torch.Tensor:
+    """The same values as a ``transpose(1, 2)`` view of ``[E, out, in]`` storage (HF's)."""
+    return w.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["rows", "hf"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     ("experts", "top_k", "tokens"), [(8, 2, 1), (8, 2, 5), (16, 6, 3), (4, 4, 2)]
 )
-def test_decode_equals_general_path(experts, top_k, tokens, dtype):
+def test_decode_equals_general_path(experts, top_k, tokens, dtype, layout):
     moe = _moe(experts, top_k, dtype=dtype)
     # hidden 40 is not a multiple of the kernel's 4-deep unroll: the remainder loop runs too
+    # (the HF layout's dot-product remainders: test_hf's ffn 20)
     x = torch.randn(tokens, 40, dtype=dtype)
+    w_gate_up, w_down = moe.w_gate_up, moe.w_down
+    if layout == "hf":
+        w_gate_up, w_down = _hf_layout(w_gate_up.detach()), _hf_layout(w_down.detach())
     with torch.no_grad():
         _, weights, idx = moe.route(x)
-        got = experts_decode(x, idx, weights, moe.w_gate_up, moe.w_down)
+        got = experts_decode(x, idx, weights, w_gate_up, w_down)
         want = _general(moe, x, idx, weights)
     assert got is not None
     tol = 1e-5 if dtype == torch.float32 else 1e-12

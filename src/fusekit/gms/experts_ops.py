@@ -26,18 +26,14 @@ norms can sit between:
 ``silu(G) * U`` on ``[gate | up]`` columns, no biases): the one-call numba decode kernel
 (:func:`fusekit.gms.fused_experts.experts_decode`) for few pairs per expert, else the scratch
 buffered expert segments (:func:`fusekit.gms.experts.expert_segments_forward`). It has no
-backward (callers take it only when autograd is off). The decode kernel reads contiguous
-``[E, K, N]`` weights: a strided view (a Hugging Face ``[E, N, K]`` parameter) is copied once and
-the copy cached, keyed on the parameter's ``data_ptr``, shape, strides and dtype and checked
-against its version counter (an in-place update makes a new copy); the cache holds the parameter
-itself, so its address cannot be reused by another tensor while cached
-(:func:`release_weight_cache` empties it; :data:`WEIGHT_CACHE_ENTRIES` bounds it).
+backward (callers take it only when autograd is off). The decode kernel reads a Hugging Face
+``[E, N, K]`` parameter in place, as dot products along ``K``
+(:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_wt`): no copy of the experts' weights is
+made or kept.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -53,13 +49,6 @@ from fusekit.gms.segments import (
     segment_mm,
     segment_outer_mm,
 )
-
-#: Most contiguous weight copies :func:`contiguous_weight` keeps (least recently used dropped).
-WEIGHT_CACHE_ENTRIES = 256
-
-_CACHE: OrderedDict[tuple[object, ...], tuple[torch.Tensor, int, torch.Tensor]] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-
 
 # ---------------------------------------------------------------- routing
 
@@ -311,32 +300,6 @@ def expert_combine(z: torch.Tensor, weights: torch.Tensor, token_pos: torch.Tens
 # ---------------------------------------------------------------- SwiGLU inference
 
 
-def contiguous_weight(w: torch.Tensor) -> torch.Tensor:
-    """``w`` if contiguous, else its contiguous copy, cached (module docstring)."""
-    if w.is_contiguous():
-        return w
-    if w.is_inference():  # no version counter to tell an in-place update: copy each call
-        return w.contiguous()
-    key = (w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w.device)
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and hit[1] == w._version:
-            _CACHE.move_to_end(key)
-            return hit[2]
-        source = w.detach()
-        copy = source.contiguous()
-        _CACHE[key] = (source, w._version, copy)
-        while len(_CACHE) > WEIGHT_CACHE_ENTRIES:
-            _CACHE.popitem(last=False)
-        return copy
-
-
-def release_weight_cache() -> None:
-    """Drop the contiguous weight copies :func:`contiguous_weight` keeps."""
-    with _CACHE_LOCK:
-        _CACHE.clear()
-
-
 def swiglu_infer_applies(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
     """Whether :func:`swiglu_experts_infer` takes these operands (CPU float32/64, one dtype)."""
     return runs_on_cpu_kernels(x) and x.dtype == w_gate_up.dtype == w_down.dtype
@@ -354,8 +317,7 @@ def _swiglu_experts_infer_op(
     x = x.contiguous()
     num_experts = w_gate_up.shape[0]
     if decode_applies(x, experts, num_experts):
-        gate_up, down = contiguous_weight(w_gate_up), contiguous_weight(w_down)
-        y = experts_decode(x, experts, weights, gate_up, down)
+        y = experts_decode(x, experts, weights, w_gate_up, w_down)
         if y is not None:
             return y
     seg = ExpertSegments.of(experts, num_experts)

@@ -41,7 +41,14 @@ from numba import prange
 from fusekit.errors import expected
 from fusekit.gms.kernels.cpu.rows import numpy_of
 from fusekit.gms.kernels.cpu.schedule import balanced_chunks, lpt_schedule
-from fusekit.gms.kernels.cpu.skinny import SKINNY_ROWS, item_cost, rows_times_w, segment_block
+from fusekit.gms.kernels.cpu.skinny import (
+    SKINNY_ROWS,
+    item_cost,
+    rows_times_w,
+    rows_times_wt,
+    segment_block,
+    weight_layout,
+)
 from fusekit.gms.kernels.cpu.tile import FASTMATH
 from fusekit.gms.routing import BAD_EXPERT, DONE, check_routing, sort_pairs
 
@@ -57,19 +64,28 @@ BALANCE_SLACK = 1.08
 
 
 @numba.njit(cache=True, fastmath=FASTMATH)
-def _swiglu_item(x, rows, w, c0, c1, act, lo):  # type: ignore[no-untyped-def]
-    """``act[lo + r, c0:c1] = silu(x[rows[r]] @ G[:, c0:c1]) * (x[rows[r]] @ U[:, c0:c1])``."""
+def _swiglu_item(x, rows, w, c0, c1, act, lo, transposed):  # type: ignore[no-untyped-def]
+    """``act[lo + r, c0:c1] = silu(x[rows[r]] @ G[:, c0:c1]) * (x[rows[r]] @ U[:, c0:c1])``.
+
+    ``w`` is ``[hidden, 2 ffn]``, or with ``transposed`` its transpose ``[2 ffn, hidden]`` (a
+    Hugging Face parameter as stored), read as dot products along ``hidden``
+    (:func:`~fusekit.gms.kernels.cpu.skinny.rows_times_wt`).
+    """
     ffn = act.shape[1]
     n = rows.shape[0]
-    if c1 - c0 == ffn:  # one contiguous run of 2 ffn columns streams best
+    if c1 - c0 == ffn and not transposed:  # one contiguous run of 2 ffn columns streams best
         h = np.zeros((n, 2 * ffn), dtype=act.dtype)
         rows_times_w(x, rows, w, 0, 2 * ffn, h)
         g, u = h[:, :ffn], h[:, ffn:]
     else:
         g = np.zeros((n, c1 - c0), dtype=act.dtype)
         u = np.zeros((n, c1 - c0), dtype=act.dtype)
-        rows_times_w(x, rows, w, c0, c1, g)
-        rows_times_w(x, rows, w, ffn + c0, ffn + c1, u)
+        if transposed:
+            rows_times_wt(x, rows, w, c0, c1, g)
+            rows_times_wt(x, rows, w, ffn + c0, ffn + c1, u)
+        else:
+            rows_times_w(x, rows, w, c0, c1, g)
+            rows_times_w(x, rows, w, ffn + c0, ffn + c1, u)
     for r in range(n):
         for m in range(c1 - c0):
             act[lo + r, c0 + m] = g[r, m] / (1.0 + math.exp(-g[r, m])) * u[r, m]
@@ -117,13 +133,14 @@ def _deal_items(hit, ptr, weights, threads):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH)
-def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out):  # type: ignore[no-untyped-def]
+def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out, transposed):  # type: ignore[no-untyped-def]
     status, ptr, token, pos = sort_pairs(experts, w_gate_up.shape[0], max_rows)
     if status != DONE:
         return status
     tokens, k = experts.shape
-    ffn = w_down.shape[1]
-    hidden = w_down.shape[2]
+    # [E, hidden, 2 ffn] and [E, ffn, hidden]; transposed: [E, 2 ffn, hidden], [E, hidden, ffn]
+    ffn = w_down.shape[2] if transposed else w_down.shape[1]
+    hidden = w_down.shape[1] if transposed else w_down.shape[2]
     hit = np.nonzero(ptr[1:] > ptr[:-1])[0]
     act = np.empty((tokens * k, ffn), dtype=out.dtype)
     z = np.empty((tokens * k, hidden), dtype=out.dtype)
@@ -133,12 +150,12 @@ def _decode_kernel(x, experts, scale, w_gate_up, w_down, max_rows, threads, out)
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):
             e, lo, hi, c0, c1 = _item(order[q], chunks, hit, ptr, ffn)
-            _swiglu_item(x, token[lo:hi], w_gate_up[e], c0, c1, act, lo)
+            _swiglu_item(x, token[lo:hi], w_gate_up[e], c0, c1, act, lo, transposed)
 
     for th in prange(threads):
         for q in range(tptr[th], tptr[th + 1]):
             e, lo, hi, c0, c1 = _item(order[q], chunks, hit, ptr, hidden)
-            segment_block(act, w_down[e], lo, hi, c0, c1, z)
+            segment_block(act, w_down[e], lo, hi, c0, c1, z, transposed)
 
     for t in prange(tokens):
         q = pos[t * k]
@@ -181,7 +198,9 @@ def experts_decode(
         experts: ``[T, k]`` expert ids.
         weights: ``[T, k]`` routing weights.
         w_gate_up: ``[E, hidden, 2 ffn]`` (gate columns, then up).
-        w_down: ``[E, ffn, hidden]``.
+        w_down: ``[E, ffn, hidden]``. Both contiguous, or both ``transpose(1, 2)`` views of
+            contiguous tensors (Hugging Face's ``[E, out, in]`` parameters), read in place;
+            other strides are copied for the call.
 
     Returns:
         ``[T, hidden]``, or ``None`` when some expert has more than ``DECODE_ROWS`` pairs (the
@@ -194,6 +213,9 @@ def experts_decode(
     check_routing(x, experts, weights, w_gate_up, w_down)
     x = x.contiguous()
     out = x.new_empty(x.shape[0], w_down.shape[2])
+    transposed = weight_layout(w_gate_up) == weight_layout(w_down) == "transposed"
+    if transposed:  # HF's parameters as stored: dot products along hidden / ffn
+        w_gate_up, w_down = w_gate_up.transpose(1, 2), w_down.transpose(1, 2)
     status = _decode_kernel(
         numpy_of(x),
         numpy_of(experts.contiguous().long()),
@@ -203,6 +225,7 @@ def experts_decode(
         DECODE_ROWS,
         numba.get_num_threads(),
         numpy_of(out),
+        transposed,
     )
     if status == BAD_EXPERT:
         num_experts = w_gate_up.shape[0]

@@ -34,8 +34,8 @@ autograd, ``torch.compile(fullgraph=True)`` and ``torch.export`` run through the
 Without autograd, on CPU float32/float64, the plain SwiGLU variant (the default gate on
 ``[gate | up]`` with SiLU, no biases, no post norm) takes one op instead
 (:func:`fusekit.gms.experts_ops.swiglu_experts_infer`: the one-call numba decode kernel for a few
-tokens, the expert segments otherwise; the decode kernel reads a contiguous copy of HF's
-``[E, out, in]`` weights, cached per parameter and version).
+tokens, the expert segments otherwise; both read HF's ``[E, out, in]`` weights in place, with
+no copy of them made or kept).
 
 Expert parallelism (``_is_expert_parallel``: sentinel expert ids), and weights that are not
 three-dimensional floating-point tensors of the flagged names and shapes (e.g. quantized
