@@ -16,7 +16,8 @@ the same for all and left out) and computes ``y[t] = sum_j w[t,j] SwiGLU_{e[t,j]
 * ``floor``: the two expert GEMMs alone on inputs gathered and made contiguous beforehand (no
   routing, gather, activation or scatter), once with ``torch.mm`` per expert (``floor torch.mm``)
   and once with the GEMM fusekit runs (``floor segment_mm``: gms's segment GEMM, whose segments
-  of at most 32 rows use the weight-streaming kernel); ``over_floor`` is over the faster.
+  of at most ``SKINNY_ROWS`` (16) rows use the weight-streaming kernel); ``over_floor`` is over
+  the faster.
 
 Forward+backward (``--train-tokens``, default 4, 64, 1024): ``dx``, the expert weights'
 gradients and the routing weights' gradient of ``sum(y * dy)``, through autograd for the hf loop
