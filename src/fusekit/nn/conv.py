@@ -247,7 +247,9 @@ class _SparseConv(SparseModule):
                     name, "x.features", f"{self.weight.dtype} like the weight", x.features.dtype
                 )
             )
-        if self.pointwise:  # spconv's conv1x1: no kernel map, the voxels unchanged
+        # spconv's conv1x1: no kernel map, the voxels unchanged. Not for the inverse of a strided
+        # 1x1x1 convolution, whose map (under its key) leads back to that layer's input voxels.
+        if self.pointwise and not (self.inverse and self.indice_key in x.maps):
             y = x.features @ self.weight.reshape(self.in_channels, self.out_channels)
             y = y + self.bias if self.bias is not None else y
             return SparseTensor._trusted(y, x.indices, x.spatial_shape, x.batch_size, x.maps)
