@@ -46,7 +46,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +324,7 @@ class ExpertsClock:
     weight_bytes: float = 0.0
     flops: float = 0.0
     _start: float = 0.0
+    _bytes: dict[torch.nn.Module, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Zero the counts."""
@@ -344,11 +345,13 @@ class ExpertsClock:
     def _leave(self, module: torch.nn.Module, args: tuple[Any, ...], out: object) -> None:
         self.seconds += time.perf_counter() - self._start
         experts = args[1]  # (hidden_states, top_k_index, top_k_weights)
-        per_expert = sum(
-            p[0].numel() * p.element_size()
-            for name, p in module.named_parameters(recurse=False)
-            if name.endswith("_proj")
-        )
+        per_expert = self._bytes.get(module)
+        if per_expert is None:  # weight bytes of one expert, counted once per module
+            per_expert = self._bytes[module] = sum(
+                p[0].numel() * p.element_size()
+                for name, p in module.named_parameters(recurse=False)
+                if name.endswith("_proj")
+            )
         elements = per_expert / module.down_proj.element_size()
         self.weight_bytes += int(torch.unique(experts).numel()) * per_expert
         self.flops += 2.0 * experts.numel() * elements

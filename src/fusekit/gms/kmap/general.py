@@ -27,7 +27,7 @@ from fusekit.gms.kmap.geometry import Geometry
 from fusekit.gms.kmap.grid import check_geometry_grid, check_indices, duplicate_message
 from fusekit.gms.kmap.kernel_map import KernelMap
 from fusekit.gms.kmap.keys import linear_keys, unlinear
-from fusekit.gms.kmap.primitives import CHUNK, EMPTY, hash_slot
+from fusekit.gms.kmap.primitives import CHUNK, EMPTY, add_distinct, hash_slot
 
 
 @numba.njit(cache=True)
@@ -94,29 +94,7 @@ def _outputs(coords, out_shape, steps, offsets, transposed):  # type: ignore[no-
             key = (
                 (np.int64(coords[i, 0]) * out_shape[0] + q[0]) * out_shape[1] + q[1]
             ) * out_shape[2] + q[2]
-            mask = (1 << bits) - 1
-            h = hash_slot(key, bits)
-            while seen[h] != EMPTY and seen[h] != key:
-                h = (h + 1) & mask
-            if seen[h] == EMPTY:
-                if count == seen.shape[0] // 2:  # keep the table at most half full
-                    grown = np.full(2 * seen.shape[0], EMPTY, np.int64)
-                    bits += 1
-                    for j in range(count):
-                        g = hash_slot(found[j], bits)
-                        while grown[g] != EMPTY:
-                            g = (g + 1) & ((1 << bits) - 1)
-                        grown[g] = found[j]
-                    seen = grown
-                    mask = (1 << bits) - 1
-                    h = hash_slot(key, bits)
-                    while seen[h] != EMPTY:
-                        h = (h + 1) & mask
-                seen[h] = key
-                if count == found.shape[0]:
-                    found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
-                found[count] = key
-                count += 1
+            seen, bits, found, count = add_distinct(seen, bits, found, count, key)
     return np.sort(found[:count])
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from fusekit.gms.kmap.primitives import EMPTY, hash_slot
+from fusekit.gms.kmap.primitives import EMPTY, add_distinct, hash_slot
 
 
 @numba.njit(cache=True)
@@ -162,26 +162,13 @@ def _axis_outputs(c, padding, stride, out_size, out):  # type: ignore[no-untyped
 
 
 @numba.njit(cache=True)
-def _insert(table, bits, key):  # type: ignore[no-untyped-def]
-    """Put ``key`` in the open-addressing ``table``; whether it was new."""
-    mask = (1 << bits) - 1
-    h = hash_slot(key, bits)
-    while table[h] != EMPTY:
-        if table[h] == key:
-            return False
-        h = (h + 1) & mask
-    table[h] = key
-    return True
-
-
-@numba.njit(cache=True)
 def strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore[no-untyped-def]
     """Sorted distinct linear keys (in ``out_shape``) of the outputs the inputs reach.
 
     A 3x3x3 window reaches the outputs whose coordinate on every axis comes from
     :func:`_axis_outputs`: their product, at most ``ceil(3 / s)^3`` per input instead of 27 taps
-    tested. Distinct keys are kept in a hash table of at least four slots per input, doubled
-    whenever it is half full.
+    tested. Distinct keys are kept by :func:`~fusekit.gms.kmap.primitives.add_distinct`, in a
+    table of at least four slots per input.
     """
     n = coords.shape[0]
     bits = 4
@@ -202,18 +189,7 @@ def strided_outputs(coords, shape, out_shape, stride, padding):  # type: ignore[
             for b in range(ny):
                 row = (plane + ys[b]) * out_shape[2]
                 for c in range(nx):
-                    key = row + xs[c]
-                    if not _insert(table, bits, key):
-                        continue
-                    if count == found.shape[0]:
-                        found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
-                    found[count] = key
-                    count += 1
-                    if 2 * count > table.shape[0]:  # half full: double and re-insert
-                        bits += 1
-                        table = np.full(1 << bits, EMPTY, np.int64)
-                        for j in range(count):
-                            _insert(table, bits, found[j])
+                    table, bits, found, count = add_distinct(table, bits, found, count, row + xs[c])
     return np.sort(found[:count])
 
 

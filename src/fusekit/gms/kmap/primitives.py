@@ -59,3 +59,34 @@ DEBRUIJN = np.array(
 def lowest_bit(bits, debruijn):  # type: ignore[no-untyped-def]
     """Index of the lowest set bit of ``0 < bits < 2^32``."""
     return debruijn[(((bits & -bits) * 0x077CB531) & 0xFFFFFFFF) >> 27]
+
+
+@numba.njit(cache=True)
+def add_distinct(table, bits, found, count, key):  # type: ignore[no-untyped-def]
+    """Add ``key`` to a set of distinct int64 keys; the set's new ``(table, bits, found, count)``.
+
+    ``table`` (``2^bits`` slots, open addressing, linear probing) answers membership and is
+    doubled whenever it is half full; ``found[:count]`` lists the keys in insertion order,
+    doubled when full. A key already present changes nothing.
+    """
+    mask = (1 << bits) - 1
+    h = hash_slot(key, bits)
+    while table[h] != EMPTY:
+        if table[h] == key:
+            return table, bits, found, count
+        h = (h + 1) & mask
+    table[h] = key
+    if count == found.shape[0]:
+        found = np.concatenate((found, np.empty(found.shape[0], np.int64)))
+    found[count] = key
+    count += 1
+    if 2 * count > table.shape[0]:  # half full: double and re-insert
+        bits += 1
+        mask = (1 << bits) - 1
+        table = np.full(1 << bits, EMPTY, np.int64)
+        for j in range(count):
+            h = hash_slot(found[j], bits)
+            while table[h] != EMPTY:
+                h = (h + 1) & mask
+            table[h] = found[j]
+    return table, bits, found, count
