@@ -21,8 +21,8 @@ def best_time_s(fn, trials=5):
     return min(times)  # best of, as detect() and STREAM report
 
 
-def _ratios(tmp_path):
-    target = detect(refresh=True, cache_path=tmp_path / "hw.json")
+def _ratios(tmp_path, measure=None):
+    target = (measure or detect)(refresh=True, cache_path=tmp_path / "hw.json")
     src = torch.ones(32 * 2**20)  # 128 MiB
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -50,6 +50,46 @@ def test_detected_figures_are_plausible(tmp_path):
     assert 0 < target.launch_overhead_s < 1e-3
     assert target.cores == torch.get_num_threads()
     assert target.l1d_bytes > 0 and target.l2_bytes > 0
+
+
+def _in_fake_mode(**kw):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return detect(**kw)
+
+
+def _in_aot_compile(**kw):
+    """``detect`` called where the fusekit backend plans: inside AOTAutograd's compiler call."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    got = []
+
+    def compiler(gm, example_inputs):
+        got.append(detect(**kw))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x + 1).relu(), backend=aot_autograd(fw_compiler=compiler))(
+        torch.randn(8)
+    )
+    torch._dynamo.reset()
+    return got[0]
+
+
+@pytest.mark.parametrize("measure", [_in_fake_mode, _in_aot_compile], ids=["fake", "aot"])
+def test_detect_inside_a_tracer_times_real_tensors(tmp_path, measure):
+    """The first plan of ``torch.compile(backend="fusekit")`` runs inside AOTAutograd, in fake
+    mode with the Python dispatcher on; timed there, a copy and a matmul only computed shapes
+    (terabytes per second were cached) and one add took 100 times its cost."""
+    for _ in range(3):
+        target, bw, flops = _ratios(tmp_path, measure)
+        launch = target.launch_overhead_s / detect_module.launch_overhead_s()
+        if 0.5 < bw < 2.0 and 0.5 < flops < 2.0 and launch < 3.0:
+            break
+    assert 0.5 < bw < 2.0
+    assert 0.5 < flops < 2.0
+    assert launch < 3.0
 
 
 def test_cache_is_reused_and_refreshed(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ registers read from ``torch.cuda.get_device_properties``. Cached per device like
     mem_bw_bytes_per_s    = 2 * nbytes / t_copy                     (1 GiB copy)
     peak_flops_per_s[dt]  = 2 * n**3 / t_matmul(n, dt)               (n = 8192; fp32 without TF32)
     launch_overhead_s     = host time per launch of a one-element add (100 in a row)
+
+Timed with torch's dispatch modes off, as the CPU's (:func:`fusekit.hw.detect.real_tensors`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from fusekit import __version__
 from fusekit.errors import FusekitError
 from fusekit.hw.cpu_gpu import GPUTarget
-from fusekit.hw.detect import default_cache_path, load_cached, store
+from fusekit.hw.detect import default_cache_path, load_cached, real_tensors, store
 
 # torch is imported inside the functions that use it: fusekit.hw loads at CLI start-up.
 
@@ -61,7 +63,7 @@ def measure_gpu(device: int = 0) -> dict[str, Any]:
     import torch
 
     begin = time.perf_counter()
-    with torch.cuda.device(device):
+    with real_tensors(), torch.cuda.device(device):
         src = torch.ones(COPY_BYTES // 4, device="cuda")
         dst = torch.empty_like(src)
         copy_s = _cuda_best_s(lambda: dst.copy_(src), trials=5)
