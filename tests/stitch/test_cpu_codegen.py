@@ -259,3 +259,49 @@ def test_kernels_compile_ahead_in_worker_processes(target: CPUTarget, tmp_path, 
             torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5)
     monkeypatch.setenv(compiling.WORKERS_ENV, "0")
     assert compiling.precompile([("x = 1\n", 0), ("x = 2\n", 0)]) == 0  # workers off
+
+
+class RelativePositionBuckets(torch.nn.Module):
+    """T5's relative position buckets (bidirectional): integer and float casts in one chain."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        rel = k[None, :] - q[:, None]
+        buckets = (rel > 0).to(torch.int64) * 16
+        n = rel.abs()
+        big = 8 + (torch.log(n.float() / 8) / 2.772588722239781 * 8).to(torch.int64)
+        big = torch.min(big, torch.full_like(big, 15))
+        return buckets + torch.where(n < 8, n, big)
+
+
+class Casts(torch.nn.Module):
+    """Casts whose value later ops read: truncation, wrap to int32, bool, and back to float."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = ((x * 3.7).to(torch.int64).to(torch.float32) * 0.5 + x).sum(-1)
+        h = (x * 3.7).to(torch.int32) // 2 + 1
+        b = torch.where((x * 2 - 1).to(torch.bool), x, -x) * 2
+        return t, h, b
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        (RelativePositionBuckets(), (torch.arange(40), torch.arange(40))),
+        (Casts(), (torch.cat([torch.randn(6, 64), torch.full((1, 64), 0.5)]),)),
+    ],
+    ids=["t5_buckets", "casts"],
+)
+def test_casts_convert_where_the_graph_casts(target: CPUTarget, module, args) -> None:
+    """A cast inside a kernel converts its value for the ops that read it (``(x * 3.7).long()``
+    truncates before ``* 0.5``); kept as a float, the buckets and sums were off."""
+    want = module(*args)
+    stitched = Stitched(module, target)
+    got = stitched(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple)
+                    else (want,), strict=True):  # fmt: skip
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5)
+    _, planned = stitched.prepare(*args)
+    casts = {o.name for o in planned.plan.graph.ops if planned.plan.graph.is_cast(o.name)}
+    fused = [g for g in planned.plan.groups if g.layout is not None and len(g.ops) > 2]
+    assert any(casts & set(g.ops) for g in fused)  # the casts run inside stitched kernels

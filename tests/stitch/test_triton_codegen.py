@@ -176,3 +176,17 @@ def test_online_pairs_need_the_max_of_the_same_values(target, monkeypatch):
     (group,) = [g for g in plan(cap.graph, target).groups if g.layout is not None]
     assert len(online_pairs(group.layout)) == 1
     assert len(online_softmax(group.layout).steps) < len(group.layout.steps)
+
+
+def test_casts_convert_where_the_graph_casts(target):
+    """An integer cast truncates before the ops that read it, and a bool cast is ``!= 0``."""
+
+    class Casts(torch.nn.Module):
+        def forward(self, x):
+            t = ((x * 3.7).to(torch.int64).to(torch.float32) * 0.5 + x).sum(-1)
+            b = torch.where((x * 2 - 1).to(torch.bool), x, -x) * 2
+            return t, (x * 3.7).to(torch.int32) // 2 + 1, b
+
+    x = torch.cat([torch.randn(3, 16), torch.full((1, 16), 0.5)])
+    kernels = _kernels(Casts(), (x,), target)
+    assert any(k.layout.ops and len(k.layout.ops) > 2 for k in kernels)

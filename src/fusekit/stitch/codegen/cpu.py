@@ -315,12 +315,17 @@ def _round_to(text: str, dtype: str) -> str:
     return f"{_HALF_NAME[dtype]}_round({text})"
 
 
+def _convert(text: str, dtype: str) -> str:
+    """``text`` converted to ``dtype`` (numba's ``np.int64(x)`` truncates toward zero)."""
+    return f"({text} != 0)" if dtype == "bool" else f"np.{dtype}({text})"
+
+
 def storage_dtype(dtype: str) -> str:
     """The numpy dtype a kernel views a tensor of ``dtype`` as (16-bit floats: their bits)."""
     return "uint16" if dtype in HALF else dtype
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, _at, _widen, _round_to)
+DIALECT = Dialect(_FUNCTIONS, _const, _at, _widen, _round_to, _convert)
 #: At most this many loop-invariant ``where`` conditions version the innermost loop (2**n
 #: copies of it).
 MAX_VERSIONED = 2

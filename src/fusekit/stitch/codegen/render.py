@@ -64,6 +64,8 @@ class Dialect:
         read: spells a read of array ``name`` at offset text.
         widen: spells a loaded 16-bit float (text, its dtype) as a float32.
         round_to: spells a float32 (text) rounded to a 16-bit dtype, still as a float32.
+        convert: spells a value (text) converted to another dtype, as torch's ``.to(dtype)``
+            converts: to an integer by truncation toward zero, to bool as ``!= 0``.
     """
 
     functions: Mapping[str, str]
@@ -71,6 +73,7 @@ class Dialect:
     read: Callable[[str, str], str]
     widen: Callable[[str, str], str]
     round_to: Callable[[str, str], str]
+    convert: Callable[[str, str], str]
 
 
 def strides(shape: tuple[int, ...]) -> list[int]:
@@ -160,17 +163,28 @@ class Renderer:
         return str(int(value))
 
     def value(self, op: str, reader_stage: int | None) -> str:
-        """Op ``op``'s value: its expression, rounded when the op casts to a 16-bit float.
+        """Op ``op``'s value: its expression, converted when the op is a cast.
 
         Values of 16-bit float ops are computed and kept in float32 (reductions accumulate in
         it); they are rounded where they are stored, and where the graph casts to a 16-bit
         float (``x.to(torch.bfloat16)``), so that what the model rounds on purpose is rounded.
         The ops one ATen op lowers to (a softmax's exp, sum and division) are not rounded one
         by one, as Inductor does: closer to exact than eager, never further than its rounding.
+        Any other cast converts the value where the graph casts (``(x * 3.7).long()``
+        truncates before the ops that read it), not only where it is stored.
         """
         text = self.expr(op, self.layout.exprs[op], reader_stage)
         dtype = self.graph.tensor(op).dtype
-        return self.dialect.round_to(text, dtype) if self.casts_to_half(op) else text
+        if not self.graph.is_cast(op):
+            return text
+        if dtype in HALF:
+            return self.dialect.round_to(text, dtype)
+        read = self.graph.op(op).expr  # a cast is a read of another dtype (Graph.is_cast)
+        assert isinstance(read, Access)
+        source = self.graph.tensor(read.tensor).dtype
+        if compute_dtype(source) == dtype:  # a 16-bit float to float32: loaded as float32
+            return text
+        return self.dialect.convert(text, dtype)
 
     def casts_to_half(self, op: str) -> bool:
         """Whether ``op`` is a cast to a 16-bit float."""

@@ -106,6 +106,7 @@ DIALECT = Dialect(
     lambda arr, off: f"{arr}[{off}]",
     lambda text, dtype: f"{text}.to(tl.float32)",
     lambda text, dtype: f"({text}).to({_TL_HALF[dtype]}).to(tl.float32)",
+    lambda text, dtype: f"({text} != 0)" if dtype == "bool" else f"({text}).to(tl.{dtype})",
 )
 
 
