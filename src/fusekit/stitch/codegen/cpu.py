@@ -67,7 +67,7 @@ except ImportError:  # pragma: no cover - older or trimmed torch builds
 
 
 _FUNCTIONS = {
-    "exp": "fexp({0})", "log": "math.log({0})", "log1p": "math.log1p({0})",
+    "exp": "fexp({0})", "log": "flog({0})", "log1p": "math.log1p({0})",
     "expm1": "math.expm1({0})", "tanh": "ftanh({0})", "erf": "ferf({0})",
     "sqrt": "math.sqrt({0})", "abs": "abs({0})", "neg": "-{0}", "sin": "math.sin({0})",
     "cos": "math.cos({0})", "floor": "np.floor({0})", "ceil": "np.ceil({0})",
@@ -247,9 +247,9 @@ def ftanh(x):
 FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 
-#: functions spelled as a polynomial approximation (``fexp``, ``ferf``, ``ftanh``): twenty-odd
-#: dependent vector operations per element
-APPROXIMATED = frozenset({"exp", "erf", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh"})
+#: functions spelled as a polynomial approximation (``fexp``, ``ferf``, ``ftanh``, ``flog``):
+#: twenty-odd dependent vector operations per element
+APPROXIMATED = frozenset({"exp", "erf", "log", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh"})
 #: vector iterations LLVM interleaves in the loops of a group that evaluates one of them
 INTERLEAVE = 4
 #: AVX2 lanes of a float32 vector
