@@ -305,3 +305,24 @@ def test_casts_convert_where_the_graph_casts(target: CPUTarget, module, args) ->
     casts = {o.name for o in planned.plan.graph.ops if planned.plan.graph.is_cast(o.name)}
     fused = [g for g in planned.plan.groups if g.layout is not None and len(g.ops) > 2]
     assert any(casts & set(g.ops) for g in fused)  # the casts run inside stitched kernels
+
+
+class Transcendentals(torch.nn.Module):
+    """Every function the CPU kernels approximate in float32, fused with a row reduction."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        y = f.gelu(x) + f.gelu(x, approximate="tanh") + torch.sigmoid(x) + f.silu(x)
+        y = y + torch.tanh(x) + torch.log(x.abs() + 0.5) + torch.special.erf(x)
+        return torch.softmax(y, dim=-1) * x.exp()
+
+
+def test_float64_kernels_compute_in_float64(target: CPUTarget) -> None:
+    """A float64 graph is not computed with the float32 approximations (fexp, ferf, flog,
+    ftanh) or float32 constants: gradcheck-style users compare at 1e-12."""
+    x = torch.randn(16, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    module = Transcendentals()
+    got = Stitched(module, target)(x)
+    torch.testing.assert_close(got, module(x), rtol=1e-12, atol=1e-14)
+    got32 = Stitched(module, target)(x.float())  # float32 keeps the approximations
+    torch.testing.assert_close(got32, module(x.float()), rtol=1e-5, atol=1e-6)

@@ -84,6 +84,16 @@ _FUNCTIONS = {
     "select": "sel({0}, {1}, {2})",
 }  # fmt: skip
 
+#: float64 ops: libm and exact literals, not the float32 approximations and constants above
+_FLOAT64 = {
+    "exp": "math.exp({0})", "log": "math.log({0})", "erf": "math.erf({0})",
+    "tanh": "math.tanh({0})", "sigmoid": "1.0 / (1.0 + math.exp(-{0}))",
+    "silu": "{0} / (1.0 + math.exp(-{0}))",
+    "gelu": "0.5 * {0} * (1.0 + math.erf({0} * 0.7071067811865476))",
+    "gelu_tanh": "0.5 * {0} * (1.0 + math.tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} "
+                 "* {0})))",
+}  # fmt: skip
+
 _PRELUDE = """import math
 import numba
 import numpy as np
@@ -325,7 +335,7 @@ def storage_dtype(dtype: str) -> str:
     return "uint16" if dtype in HALF else dtype
 
 
-DIALECT = Dialect(_FUNCTIONS, _const, _at, _widen, _round_to, _convert)
+DIALECT = Dialect(_FUNCTIONS, _const, _at, _widen, _round_to, _convert, _FLOAT64)
 #: At most this many loop-invariant ``where`` conditions version the innermost loop (2**n
 #: copies of it).
 MAX_VERSIONED = 2

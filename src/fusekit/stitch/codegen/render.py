@@ -66,6 +66,8 @@ class Dialect:
         round_to: spells a float32 (text) rounded to a 16-bit dtype, still as a float32.
         convert: spells a value (text) converted to another dtype, as torch's ``.to(dtype)``
             converts: to an integer by truncation toward zero, to bool as ``!= 0``.
+        float64: spellings for float64 ops that replace ``functions``' (a backend whose
+            ``functions`` use float32 approximations or constants spells exact ones here).
     """
 
     functions: Mapping[str, str]
@@ -74,6 +76,7 @@ class Dialect:
     widen: Callable[[str, str], str]
     round_to: Callable[[str, str], str]
     convert: Callable[[str, str], str]
+    float64: Mapping[str, str] = field(default_factory=dict)
 
 
 def strides(shape: tuple[int, ...]) -> list[int]:
@@ -214,7 +217,8 @@ class Renderer:
             power = e.args[1] if e.fn == "pow" else None
             if isinstance(power, Const) and power.value in (1, 2, 3):  # x ** 2: exact products
                 return "(" + " * ".join([args[0]] * int(power.value)) + ")"
-            return "(" + self.dialect.functions[e.fn].format(*args) + ")"
+            spell = self.dialect.float64.get(e.fn) if dtype == "float64" else None
+            return "(" + (spell or self.dialect.functions[e.fn]).format(*args) + ")"
         if isinstance(e, Reduce):
             return self.reduce_names[id(e)]
         raise ValueError(f"stitch: cannot render {type(e).__name__}")
