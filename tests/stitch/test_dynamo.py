@@ -272,3 +272,20 @@ def test_cross_entropy_with_label_smoothing_trains_decomposed(compiled_graphs, s
     opaque = " ".join(str(op.expr) for p in plans for op in p.graph.ops if op.kind is OpKind.OPAQUE)
     assert "cross_entropy" not in opaque and "log_softmax" not in opaque, opaque
     assert all(p is not None for p in plans) and any(p.kernels < len(p.graph.ops) for p in plans)
+
+
+def test_gradcheck_in_float64(compiled_graphs):
+    """``torch.autograd.gradcheck`` through the backend: float64 kernels, forward and backward,
+    are exact enough for finite differences (GELU, sigmoid, log, LayerNorm and softmax)."""
+    f = torch.nn.functional
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = f.gelu(x) * torch.sigmoid(x) + torch.log(x.abs() + 1.0) * w
+        return torch.softmax(f.layer_norm(y, (y.shape[-1],)), -1)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(torch.compile(fn, backend="fusekit"), (x, w))
+    planned = [p for c in compiled_graphs for p in (c._static, *c.plans.values()) if p]
+    assert len(planned) == 2 and all(p.plan is not None and p.plan.kernels for p in planned)
