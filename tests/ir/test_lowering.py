@@ -248,3 +248,16 @@ def test_sdpa_splits_into_scores_softmax_and_values():
     name = "scaled_dot_product_attention_scores"
     assert first == f"{name}[i,j,k] = sum_l args_0[i,j,l] * args_1[i,k,l] * {scale!r}"
     assert str(captured.graph.ops[-1]).startswith("scaled_dot_product_attention[i,j,k] = sum_l")
+
+
+def test_bitwise_and_or_of_integers_are_not_logical():
+    """``y & 5`` on int64 is a bitwise and; the IR's ``and``/``or`` are logical, so integer
+    operands run by their ATen call while bool ones (masks) stay maps."""
+    y = torch.arange(-8, 8).reshape(4, 4)
+    and_, or_ = torch.bitwise_and, torch.bitwise_or
+    module = Fn(lambda y: and_(y, 5) + or_(y, 2) + and_(y > 0, y < 5) + or_(y > 3, y < -5))
+    captured = capture(module, (y,))
+    opaque = {op.expr.target for op in captured.graph.ops if op.kind is OpKind.OPAQUE}
+    assert opaque == {"aten.bitwise_and.Scalar", "aten.bitwise_or.Scalar"}, opaque
+    (got,) = captured.run(y)
+    assert torch.equal(got, module(y))

@@ -79,6 +79,8 @@ def _unary(fn: str) -> Rule:
 
 def _binary(fn: str) -> Rule:
     def lower(b: Builder, o: Out, x: Any, y: Any) -> V:
+        if o.packet.startswith("bitwise_") and o.dtype != "bool":  # "and"/"or" are logical
+            raise Unsupported(f"{o.packet} of a non-bool tensor")
         return _map(b, o, lambda e, f: Call(fn, (e, f)), x, y)
 
     return lower
