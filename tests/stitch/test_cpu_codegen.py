@@ -283,13 +283,23 @@ class Casts(torch.nn.Module):
         return t, h, b
 
 
+class NarrowInts(torch.nn.Module):
+    """Arithmetic on uint8 and int8 wraps as torch's does (254 + 3 is 1)."""
+
+    def forward(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        u = (y.to(torch.uint8) + 3).to(torch.int64) * 2
+        i = ((y.to(torch.int8) * 9) + 100).to(torch.int64) + 1
+        return u, i
+
+
 @pytest.mark.parametrize(
     ("module", "args"),
     [
+        (NarrowInts(), (torch.arange(-40, 40).reshape(4, 20),)),
         (RelativePositionBuckets(), (torch.arange(40), torch.arange(40))),
         (Casts(), (torch.cat([torch.randn(6, 64), torch.full((1, 64), 0.5)]),)),
     ],
-    ids=["t5_buckets", "casts"],
+    ids=["narrow_ints", "t5_buckets", "casts"],
 )
 def test_casts_convert_where_the_graph_casts(target: CPUTarget, module, args) -> None:
     """A cast inside a kernel converts its value for the ops that read it (``(x * 3.7).long()``

@@ -42,6 +42,8 @@ from fusekit.stitch.schemes import Layout, Role, Stage
 FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})
 #: 16-bit floats: stored as they are, computed in float32 (loads widen, values round to them)
 HALF = frozenset({"float16", "bfloat16"})
+#: integers narrower than the kernels' int64 arithmetic: an op's result wraps to its dtype
+NARROW_INTS = frozenset({"int8", "uint8", "int16", "int32"})
 
 
 def compute_dtype(dtype: str) -> str:
@@ -174,11 +176,15 @@ class Renderer:
         The ops one ATen op lowers to (a softmax's exp, sum and division) are not rounded one
         by one, as Inductor does: closer to exact than eager, never further than its rounding.
         Any other cast converts the value where the graph casts (``(x * 3.7).long()``
-        truncates before the ops that read it), not only where it is stored.
+        truncates before the ops that read it), not only where it is stored; arithmetic on
+        integers narrower than int64 wraps to its dtype (:data:`NARROW_INTS`).
         """
-        text = self.expr(op, self.layout.exprs[op], reader_stage)
+        expr = self.layout.exprs[op]
+        text = self.expr(op, expr, reader_stage)
         dtype = self.graph.tensor(op).dtype
         if not self.graph.is_cast(op):
+            if dtype in NARROW_INTS and not isinstance(expr, Access | Reduce):
+                return self.dialect.convert(text, dtype)  # uint8 254 + 3 is 1, as torch's
             return text
         if dtype in HALF:
             return self.dialect.round_to(text, dtype)
