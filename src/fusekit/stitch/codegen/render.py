@@ -195,10 +195,6 @@ class Renderer:
             return text
         return self.dialect.convert(text, dtype)
 
-    def casts_to_half(self, op: str) -> bool:
-        """Whether ``op`` is a cast to a 16-bit float."""
-        return self.graph.tensor(op).dtype in HALF and self.graph.is_cast(op)
-
     def expr(self, op: str, e: Expr, reader_stage: int | None) -> str:
         """Spell ``e`` (an expression of op ``op``); Reduce nodes by their accumulator names."""
         dtype = self.graph.tensor(op).dtype
