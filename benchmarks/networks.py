@@ -46,7 +46,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +325,6 @@ class ExpertsClock:
     weight_bytes: float = 0.0
     flops: float = 0.0
     _start: float = 0.0
-    _bytes: dict[torch.nn.Module, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Zero the counts."""
@@ -336,22 +336,22 @@ class ExpertsClock:
 
         for module in model.modules():
             if is_hf_experts(module):
+                per_expert = sum(  # weight bytes of one expert
+                    p[0].numel() * p.element_size()
+                    for name, p in module.named_parameters(recurse=False)
+                    if name.endswith("_proj")
+                )
                 module.register_forward_pre_hook(self._enter)
-                module.register_forward_hook(self._leave)
+                module.register_forward_hook(partial(self._leave, per_expert=per_expert))
 
     def _enter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self._start = time.perf_counter()
 
-    def _leave(self, module: torch.nn.Module, args: tuple[Any, ...], out: object) -> None:
+    def _leave(
+        self, module: torch.nn.Module, args: tuple[Any, ...], out: object, per_expert: int
+    ) -> None:
         self.seconds += time.perf_counter() - self._start
         experts = args[1]  # (hidden_states, top_k_index, top_k_weights)
-        per_expert = self._bytes.get(module)
-        if per_expert is None:  # weight bytes of one expert, counted once per module
-            per_expert = self._bytes[module] = sum(
-                p[0].numel() * p.element_size()
-                for name, p in module.named_parameters(recurse=False)
-                if name.endswith("_proj")
-            )
         elements = per_expert / module.down_proj.element_size()
         self.weight_bytes += int(torch.unique(experts).numel()) * per_expert
         self.flops += 2.0 * experts.numel() * elements

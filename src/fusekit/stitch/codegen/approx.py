@@ -1,9 +1,9 @@
 """Branch-free float32 ``exp``, ``erf`` and ``log`` for the generated CPU kernels, with their fits.
 
 numba without SVML calls libm once per element for ``math.exp``/``math.erf``/``math.log``, which
-stops LLVM
-from vectorising the loop around them. The kernels instead use pure arithmetic (multiply-adds,
-one division, selects, an integer shift), which LLVM turns into 8-wide AVX2 code::
+stops LLVM from vectorising the loop around them. The kernels instead use pure arithmetic
+(multiply-adds, one division, selects, an integer shift), which LLVM turns into 8-wide AVX2
+code::
 
     exp(x) = 2^k * p(r),   x' = clamp(x, -127 ln 2, 128 ln 2),  k = floor(x' log2 e + 1/2)
              r = x' - k ln2_hi - k ln2_lo  (Cody-Waite: k ln2_hi is exact, ln2_hi = 355/512)

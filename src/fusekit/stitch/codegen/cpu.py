@@ -269,14 +269,15 @@ _LANES = 8
 def interleave_count(graph: Graph, layout: Layout) -> int:
     """How many vector iterations LLVM's loop vectoriser interleaves in the group's loops.
 
-    0 (its cost model) unless an op evaluates an approximated function (:data:`APPROXIMATED`)
-    and the innermost loop runs at least ``2 * INTERLEAVE * 8`` iterations; then
-    :data:`INTERLEAVE`. The cost model keeps one chain of ~25 dependent operations (60 cycles of
-    latency) per loop iteration for such a body, and the out-of-order window of a small core
-    (Zen 1: a 36-entry FP scheduler) overlaps only about two of them: the loop runs at twice its
-    throughput bound, whether the data is in L1 or in DRAM. Four independent chains per
-    iteration fill the pipes. A short row is left alone: its elements would all run in the
-    scalar remainder (the vector body steps ``INTERLEAVE * 8`` elements).
+    0 (its cost model) unless an op evaluates an approximated function (:data:`APPROXIMATED`;
+    not a float64 op, which calls libm: :data:`_FLOAT64`) and the innermost loop runs
+    at least ``2 * INTERLEAVE * 8`` iterations; then :data:`INTERLEAVE`. The cost model keeps
+    one chain of ~25 dependent operations (60 cycles of latency) per loop iteration for such a
+    body, and the out-of-order window of a small core (Zen 1: a 36-entry FP scheduler) overlaps
+    only about two of them: the loop runs at twice its throughput bound, whether the data is in
+    L1 or in DRAM. Four independent chains per iteration fill the pipes. A short row is left
+    alone: its elements would all run in the scalar remainder (the vector body steps
+    ``INTERLEAVE * 8`` elements).
     """
     if not layout.inner_dims:
         return 0
@@ -285,6 +286,7 @@ def interleave_count(graph: Graph, layout: Layout) -> int:
     heavy = any(
         isinstance(n, Call) and n.fn in APPROXIMATED
         for op in layout.ops
+        if graph.tensor(op).dtype != "float64"
         for n in walk(layout.exprs[op])
     )
     return INTERLEAVE if heavy else 0
