@@ -336,3 +336,37 @@ def test_float64_kernels_compute_in_float64(target: CPUTarget) -> None:
     torch.testing.assert_close(got, module(x), rtol=1e-12, atol=1e-14)
     got32 = Stitched(module, target)(x.float())  # float32 keeps the approximations
     torch.testing.assert_close(got32, module(x.float()), rtol=1e-5, atol=1e-6)
+
+
+def test_canonical_names_replace_graph_names_in_order_of_appearance() -> None:
+    from fusekit.stitch.codegen.render import canonical
+
+    source = "v_add_1 = in_x[i] + in_y[i]\nout_add_1[i] = v_add_1\np_part_s_0 = args[2]\nv_add = 1"
+    got = canonical(source, ["x", "y", "add_1", "s"])
+    assert got == "v_n0 = in_n1[i] + in_n2[i]\nout_n0[i] = v_n0\np_part_n3_0 = args[2]\nv_add = 1"
+    # a graph name spelled like a prefixed one ("v_x" beside "x") would merge two identifiers
+    clash = "v_x = in_v_x[0] + in_x[0]\nv_v_x = v_x"
+    assert len(set(canonical(clash, ["x", "v_x"]).split())) == len(set(clash.split()))
+
+
+class _TwoLayers(torch.nn.Module):
+    """The same RMSNorm-like block twice: two groups of one structure, other graph names."""
+
+    def forward(
+        self, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, m: torch.Tensor
+    ) -> torch.Tensor:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w1
+        y = y @ m  # a GEMM between: two groups
+        return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * w2
+
+
+def test_groups_of_one_structure_compile_one_module(target: CPUTarget) -> None:
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(8, 64, generator=g), torch.randn(64, generator=g),
+            torch.randn(64, generator=g), torch.randn(64, 64, generator=g))  # fmt: skip
+    kernels = [k for _, _, k, _ in _kernels(_TwoLayers(), args, target) if isinstance(k, CpuKernel)]
+    assert len(kernels) == 2
+    assert kernels[0].source != kernels[1].source  # spelled with their graph names
+    assert kernels[0].code == kernels[1].code  # compiled once
+    with torch.no_grad():
+        torch.testing.assert_close(Stitched(_TwoLayers(), target)(*args), _TwoLayers()(*args))

@@ -290,7 +290,7 @@ class PlannedGraph:
             )
         self.kernels, reads = _kernels(self.graph, plan.groups, backend)
         # every kernel numba's cache lacks, compiled ahead in worker processes (one per core)
-        precompile([(k.source, k.interleave) for k in self.kernels if isinstance(k, CpuKernel)])
+        precompile([(k.code, k.interleave) for k in self.kernels if isinstance(k, CpuKernel)])
         self._drops = _last_reads(reads, {*self.graph.outputs, *self.constants})
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 

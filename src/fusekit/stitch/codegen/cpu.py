@@ -49,6 +49,7 @@ from fusekit.stitch.codegen.render import (
     HALF,
     Dialect,
     Renderer,
+    canonical,
     compute_dtype,
     digit_splits,
     identity,
@@ -715,6 +716,7 @@ class _Variant:
     """The kernel compiled for one stride signature of its inputs."""
 
     source: str
+    code: str  # ``source`` with canonical names (render.canonical): what is compiled
     views: dict[str, tuple[int, tuple[int, ...], tuple[int, tuple[int, ...]]]]
     outs: list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]  # name, shape, strides
     part_specs: list[tuple[int, np.dtype[Any]]]
@@ -753,6 +755,7 @@ class CpuKernel:
         self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
         default = self._variant(self._contiguous)
         self.source, self._views, self._outs = default.source, default.views, default.outs
+        self.code = default.code
 
     def _variant(self, key: tuple[tuple[int, ...], ...]) -> _Variant:
         """The kernel for inputs of strides ``key`` (generated, not yet compiled)."""
@@ -775,7 +778,9 @@ class CpuKernel:
             for shape in [static_shape(graph, t)]
         ]
         parts = [(size, np.dtype(dtype)) for _, size, _, dtype in emitter.partials]
-        variant = self._variants[key] = _Variant(source, views, outs, parts)
+        names = (*layout.inputs, *layout.outputs, *layout.ops)
+        variant = _Variant(source, canonical(source, names), views, outs, parts)
+        self._variants[key] = variant
         return variant
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -790,7 +795,7 @@ class CpuKernel:
                 ins = [x.contiguous() for x in ins]
                 variant = self._variants[self._contiguous]
         if variant.fn is None:  # numba compiles (or loads its cache) at the first call
-            variant.fn = compile_source(variant.source, self.interleave)
+            variant.fn = compile_source(variant.code, self.interleave)
         chunk, finish = variant.fn
         # the kernel takes data addresses; outputs allocated by torch in their shapes, the
         # tensors outlive the call

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -352,6 +353,58 @@ def digit_splits(graph: Graph, layout: Layout) -> dict[int, int]:
 def identity(op: str) -> float:
     """The identity of a reduction."""
     return {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf, "prod": 1.0}[op]
+
+
+#: prefixes the emitters put before a graph name (``in_X``, ``v_Y``, ``p_part_Z_0``, ...)
+NAME_PREFIXES = ("in_", "out_", "v_", "acc_", "part_", "col_", "p_", "buf_")
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def canonical(source: str, names: Iterable[str]) -> str:
+    """``source`` with every graph name in it replaced by ``n0, n1, ...`` in order of appearance.
+
+    Two groups of one structure (the same op in every layer of a model, the update of two
+    parameters of one shape) differ in their source only by the graph's names: spelled
+    canonically they are one module, compiled once and cached once, as Inductor names its
+    kernels' buffers ``in_ptr0, tmp0, ...``. A name appears in the source only behind the
+    emitters' :data:`NAME_PREFIXES`, possibly followed by ``_<digits>`` (a partial's index).
+    """
+    known = set(names)
+    given: dict[str, str] = {}
+
+    def name_of(ident: str) -> tuple[str, str, str] | None:
+        """``(prefixes, name, suffix)`` of an identifier that spells a known name."""
+        head = 0
+        while True:
+            prefix = next((p for p in NAME_PREFIXES if ident.startswith(p, head)), None)
+            if prefix is None:
+                return None
+            head += len(prefix)
+            rest = ident[head:]
+            if rest in known:
+                return ident[:head], rest, ""
+            tail = _SUFFIX.search(rest)
+            if tail is not None and rest[: tail.start()] in known:
+                return ident[:head], rest[: tail.start()], tail.group()
+
+    spelled: dict[str, str] = {}  # identifier -> its new spelling
+
+    def rename(m: re.Match[str]) -> str:
+        ident = m.group()
+        if ident not in spelled:
+            found = name_of(ident)
+            if found is None:
+                spelled[ident] = ident
+            else:
+                prefixes, name, suffix = found
+                spelled[ident] = prefixes + given.setdefault(name, f"n{len(given)}") + suffix
+        return spelled[ident]
+
+    out = _IDENT.sub(rename, source)
+    # a renaming that merged two identifiers (a graph name spelled like a prefixed one) would
+    # change the program: the source is kept as it is
+    return out if len(set(spelled.values())) == len(spelled) else source
 
 
 def cache_dir() -> Path:

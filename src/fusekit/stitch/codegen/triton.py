@@ -47,7 +47,14 @@ import torch
 
 from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
-from fusekit.stitch.codegen.render import HALF, Dialect, Renderer, identity, load_generated
+from fusekit.stitch.codegen.render import (
+    HALF,
+    Dialect,
+    Renderer,
+    canonical,
+    identity,
+    load_generated,
+)
 from fusekit.stitch.codegen.render import static_shape as _shape
 from fusekit.stitch.schemes import Layout, Role, RowStep, Unfusable, online_softmax
 
@@ -376,6 +383,8 @@ class TritonKernel:
         emitter = _Emitter(graph, layout)
         self.source = emitter.kernel()
         self.layout = emitter.layout  # with the long-row rewrite (online max/sum) if it applied
+        lay = self.layout
+        self.code = canonical(self.source, (*lay.inputs, *lay.outputs, *lay.ops))  # loaded
         self.rows_per_program, self.block_q = emitter.rows, emitter.block_q
         self.cols = [(op, len(emitter.reduces(op))) for op in emitter.cols]
         self.shapes = {t: _shape(graph, t) for t in layout.outputs}
@@ -394,7 +403,7 @@ class TritonKernel:
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Launch on ``values`` (every input of the group, on one device); return the outputs."""
         if self.module is None:
-            self.module = load_generated(self.source, "t")
+            self.module = load_generated(self.code, "t")
         ins = [values[t].contiguous() for t in self.layout.inputs]
         on_gpu = [x.device for x in ins if x.device.type != "cpu"]
         device = on_gpu[0] if on_gpu else ins[0].device if ins else torch.device("cuda")
