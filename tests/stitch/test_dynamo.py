@@ -289,3 +289,33 @@ def test_gradcheck_in_float64(compiled_graphs):
     assert torch.autograd.gradcheck(torch.compile(fn, backend="fusekit"), (x, w))
     planned = [p for c in compiled_graphs for p in (c._static, *c.plans.values()) if p]
     assert len(planned) == 2 and all(p.plan is not None and p.plan.kernels for p in planned)
+
+
+def test_a_kernel_expecting_strided_inputs_compiles_that_variant_ahead(
+    compiled_graphs, monkeypatch
+):
+    # an input dynamo sees transposed is read in place by a variant of its kernel: generated
+    # with the plan and handed to the compile workers, not compiled at the first call
+    import fusekit.stitch.runner as runner
+    from fusekit.stitch.codegen.cpu import CpuKernel
+
+    jobs: list[str] = []
+    real = runner.precompile
+
+    def record(js: list[tuple[str, int]]) -> int:
+        jobs.extend(code for code, _ in js)
+        return real(js)
+
+    monkeypatch.setattr(runner, "precompile", record)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2.0, dim=-1)
+
+    x = torch.randn(6, 5, 32, generator=torch.Generator().manual_seed(0)).transpose(0, 1)
+    got = torch.compile(fn, backend="fusekit")(x)
+    torch.testing.assert_close(got, fn(x))
+    (graph,) = compiled_graphs
+    (kernel,) = [k for k in graph._static.compiled.kernels if isinstance(k, CpuKernel)]
+    key = (x.stride(),)
+    assert key in kernel._variants and kernel._variants[key].code in jobs
+    assert len(kernel._variants) == 2  # the call found the variant made with the plan

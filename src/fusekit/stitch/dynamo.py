@@ -39,6 +39,7 @@ import torch
 from fusekit.errors import FusekitError, expected
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.capture import capture_graph
+from fusekit.ir.graph import Graph
 from fusekit.stitch.runner import PlannedGraph, on_device
 from fusekit.stitch.search import Plan, plan
 
@@ -146,6 +147,24 @@ class _Planned:
     compiled: PlannedGraph | None = None
 
 
+def _strides(gm: torch.fx.GraphModule, graph: Graph) -> dict[str, tuple[int, ...]]:
+    """The strides the traced graph gives each tensor the captured graph names as one node.
+
+    A hint only (kernels pick their variant by the strides they are called with): a captured
+    tensor is matched to the node of its name when their shapes agree.
+    """
+    names = {t.name: t.shape for t in graph.tensors}
+    out = {}
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and names.get(node.name) == tuple(val.shape):
+            try:
+                out[node.name] = tuple(int(s) for s in val.stride())
+            except (TypeError, RuntimeError):  # symbolic or sparse
+                continue
+    return out
+
+
 class StitchedGraph:
     """An ATen graph with a plan per shape signature; called with AOTAutograd's boxed inputs."""
 
@@ -200,7 +219,7 @@ class StitchedGraph:
         p = plan(cap.graph, target, method=self.compiler.method,
                  time_limit_s=self.compiler.time_limit_s)  # fmt: skip
         backend = "triton" if device.type == "cuda" else "cpu"
-        planned = PlannedGraph(p, cap.constants, backend)
+        planned = PlannedGraph(p, cap.constants, backend, strides=_strides(gm, cap.graph))
         names = cap.graph.outputs
         tensor = [isinstance(o, torch.fx.Node) for o in outs]
 

@@ -274,10 +274,16 @@ class PlannedGraph:
         plan: the plan.
         constants: values of the graph's params.
         backend: ``"cpu"`` (numba; the only backend so far).
+        strides: the strides its tensors are expected to have (an FX graph's ``meta["val"]``):
+            a CPU kernel whose inputs are expected strided compiles that variant ahead too.
     """
 
     def __init__(
-        self, plan: Plan, constants: Mapping[str, torch.Tensor], backend: str = "cpu"
+        self,
+        plan: Plan,
+        constants: Mapping[str, torch.Tensor],
+        backend: str = "cpu",
+        strides: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.plan = plan
         self.graph = plan.graph
@@ -290,7 +296,13 @@ class PlannedGraph:
             )
         self.kernels, reads = _kernels(self.graph, plan.groups, backend)
         # every kernel numba's cache lacks, compiled ahead in worker processes (one per core)
-        precompile([(k.code, k.interleave) for k in self.kernels if isinstance(k, CpuKernel)])
+        cpu = [k for k in self.kernels if isinstance(k, CpuKernel)]
+        jobs = [(k.code, k.interleave) for k in cpu]
+        for k in cpu if strides else []:
+            code = k.expect(strides or {})
+            if code is not None:
+                jobs.append((code, k.interleave))
+        precompile(jobs)
         self._drops = _last_reads(reads, {*self.graph.outputs, *self.constants})
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 

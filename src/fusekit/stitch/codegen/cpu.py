@@ -783,6 +783,22 @@ class CpuKernel:
         self._variants[key] = variant
         return variant
 
+    def expect(self, strides: Mapping[str, tuple[int, ...]]) -> str | None:
+        """The code of the variant for inputs of these ``strides`` when it is not the default.
+
+        Generated now, so that it compiles ahead with the others (:func:`.compiling.precompile`)
+        rather than at the first call that meets such inputs; ``None`` when the expected strides
+        are the contiguous ones, unknown, or not read in place (copied then).
+        """
+        pairs = zip(self.layout.inputs, self._contiguous, strict=True)
+        key = tuple(strides.get(t, plain) for t, plain in pairs)
+        shapes = [static_shape(self.graph, t) for t in self.layout.inputs]
+        if key == self._contiguous or len(self._variants) >= MAX_VARIANTS:
+            return None
+        if not all(_readable_strides(n, st) for n, st in zip(shapes, key, strict=True)):
+            return None
+        return self._variant(key).code
+
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
         ins = [_checked_cpu(values[t], t, dtype) for t, dtype in self._ins]
@@ -823,12 +839,15 @@ def _readable(ins: list[torch.Tensor]) -> bool:
     transpose of the last two) would be gathered element by element, slower than torch's
     blocked copy followed by a contiguous kernel.
     """
-    for x in ins:
-        if x.numel() == 0 or min(x.stride(), default=0) < 0:
-            return False
-        if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1 and not x.is_contiguous():
-            return False
-    return True
+    return all(_readable_strides(tuple(x.shape), x.stride()) for x in ins)
+
+
+def _readable_strides(shape: tuple[int, ...], step: tuple[int, ...]) -> bool:
+    """:func:`_readable` for one tensor of ``shape`` and strides ``step``."""
+    if len(step) != len(shape) or math.prod(shape) == 0 or min(step, default=0) < 0:
+        return False
+    plain = tuple(strides(shape))
+    return not (shape and shape[-1] > 1 and step[-1] != 1 and step != plain)
 
 
 def input_views(
