@@ -370,3 +370,36 @@ def test_groups_of_one_structure_compile_one_module(target: CPUTarget) -> None:
     assert kernels[0].code == kernels[1].code  # compiled once
     with torch.no_grad():
         torch.testing.assert_close(Stitched(_TwoLayers(), target)(*args), _TwoLayers()(*args))
+
+
+class _Rotated(torch.nn.Module):
+    """Reads ``x`` at other elements than it writes (a rotary embedding's halves swapped)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat((x[..., 20:], x[..., :20]), dim=-1) * 2.0 + y
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2.0 + y
+
+
+@pytest.mark.parametrize(("module", "accepted"), [(_Scaled(), True), (_Rotated(), False)])
+def test_an_output_is_written_into_an_input_only_where_read(
+    target: CPUTarget, module: torch.nn.Module, accepted: bool
+) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 40, generator=g), torch.randn(8, 40, generator=g)
+    (found,) = [(gr, k, env) for gr, _, k, env in _kernels(module, (x, y), target)
+                if isinstance(k, CpuKernel)]  # fmt: skip
+    graph, kernel, env = found
+    (out,) = kernel.layout.outputs
+    into = graph.inputs[0]
+    assert into in kernel.layout.inputs
+    assert kernel.write_into({out: into}) == ({out: into} if accepted else {})
+    want = module(x, y)
+    got = kernel(env)[out]
+    torch.testing.assert_close(got, want)
+    assert (got is env[into]) is accepted
+    if accepted:
+        assert "out_" in kernel._inplace.source and kernel._inplace.code in kernel.codes

@@ -319,3 +319,74 @@ def test_a_kernel_expecting_strided_inputs_compiles_that_variant_ahead(
     key = (x.stride(),)
     assert key in kernel._variants and kernel._variants[key].code in jobs
     assert len(kernel._variants) == 2  # the call found the variant made with the plan
+
+
+def _mutate_scale_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.mul_(2.0).add_(y)
+    return x * 3.0
+
+
+def _mutate_flipped(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.copy_(x.flip(-1) + y)  # reads x at other elements than it writes
+    return y * 2.0
+
+
+def _mutate_centred(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.sub_(x.mean(-1, keepdim=True)).mul_(y)  # a reduction over what it overwrites
+    return x + 1.0
+
+
+@pytest.mark.parametrize(
+    ("fn", "in_place"),
+    [(_mutate_scale_add, True), (_mutate_flipped, None), (_mutate_centred, False)],
+    ids=["elementwise", "flipped", "reduced"],
+)
+def test_input_mutations_are_written_in_place_only_where_safe(compiled_graphs, fn, in_place):
+    # AOTAutograd keeps an inference graph's input mutations as copy_ at its end; a kernel
+    # that reads the input only at the element it writes writes it there, others copy after
+    from fusekit.stitch.codegen.cpu import CpuKernel
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 48, generator=g), torch.randn(16, 48, generator=g)
+    want_x, got_x = x.clone(), x.clone()
+    compiled = torch.compile(fn, backend="fusekit")
+    with torch.no_grad():
+        want = fn(want_x, y)
+        ptr = got_x.data_ptr()
+        got = compiled(got_x, y)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_x, want_x)
+    assert got_x.data_ptr() == ptr
+    kernels = [k for graph in compiled_graphs for k in graph._static.compiled.kernels
+               if isinstance(k, CpuKernel)]  # fmt: skip
+    if in_place is not None:  # the flip may run apart (then its add writes x in place)
+        assert any(k.into for k in kernels) is in_place
+    with torch.no_grad():  # a second call, on the tensor it wrote
+        torch.testing.assert_close(compiled(got_x, y), fn(want_x, y))
+    torch.testing.assert_close(got_x, want_x)
+
+
+def test_an_adamw_step_updates_parameters_and_moments_in_place(compiled_graphs):
+    from fusekit.stitch.codegen.cpu import CpuKernel
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 48)), torch.nn.Parameter(torch.randn(48))]
+    want = [p.detach().clone().requires_grad_() for p in params]
+    opts = [torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1) for ps in (params, want)]
+    step = torch.compile(opts[0].step, backend="fusekit")
+    for i in range(3):
+        g = torch.Generator().manual_seed(i)
+        for p, q in zip(params, want, strict=True):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        step()
+        opts[1].step()
+    for p, q in zip(params, want, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+        for key, value in opts[1].state[q].items():
+            torch.testing.assert_close(opts[0].state[p][key], value, rtol=1e-4, atol=1e-5)
+    kernels = [k for graph in compiled_graphs for k in graph._static.compiled.kernels
+               if isinstance(k, CpuKernel)]  # fmt: skip
+    written = {t for k in kernels for t in k.into.values()}
+    # each parameter, its two moments and its step count: 4 inputs per parameter
+    assert len(written) == 4 * len(params)

@@ -100,7 +100,8 @@ def fusekit_backend(
     compiler = GraphCompiler(**options)
     if compiler.target is not None:  # a wrong target is the caller's error, not a fallback
         compiler.target_for(torch.device("cpu"))
-    aot = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decompositions)
+    aot = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decompositions,
+                       keep_inference_input_mutations=True)  # fmt: skip
     return aot(gm, example_inputs)
 
 
@@ -145,6 +146,48 @@ class _Planned:
     plan: Plan | None  # None: the graph runs as eager
     reason: str = ""
     compiled: PlannedGraph | None = None
+
+
+def _without_copies(
+    gm: torch.fx.GraphModule,
+) -> tuple[torch.fx.GraphModule, list[tuple[int, torch.fx.Node]]]:
+    """``gm`` with its trailing ``copy_`` into inputs turned into outputs, and those copies.
+
+    With ``keep_inference_input_mutations``, AOTAutograd ends an inference graph that mutates
+    its inputs (an optimizer step) with ``aten.copy_(input, new value)``. The new values
+    become extra outputs (after the graph's own), so that the planner sees them, and the
+    caller writes them back: ``[(placeholder position, node of the new value)]``. A ``copy_``
+    read afterwards, or one followed by another reader of its input, is left as it is (the
+    capture then refuses the graph, which runs as eager).
+    """
+    nodes = list(gm.graph.nodes)
+    position = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+    order = {n: i for i, n in enumerate(nodes)}
+    copies = [
+        n for n in nodes
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+        and n.args[0] in position and not n.users
+        and all(order[u] <= order[n] for u in n.args[0].users)
+        and isinstance(n.args[1], torch.fx.Node)
+    ]  # fmt: skip
+    if not copies:
+        return gm, []
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    out = output.args[0]
+    outs = list(out) if isinstance(out, list | tuple) else [out]
+    pairs = []
+    for c in copies:
+        node = by_name[c.name]
+        src = node.args[1]
+        assert isinstance(src, torch.fx.Node)
+        pairs.append((position[c.args[0]], src))
+        gm.graph.erase_node(node)
+        outs.append(src)
+    output.args = (tuple(outs),)
+    gm.recompile()
+    return gm, pairs
 
 
 def _strides(gm: torch.fx.GraphModule, graph: Graph) -> dict[str, tuple[int, ...]]:
@@ -200,6 +243,7 @@ class StitchedGraph:
         return planned
 
     def _plan(self, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> _Planned:
+        gm, copies = _without_copies(gm)
         output = next(n for n in gm.graph.nodes if n.op == "output")
         outs = (
             list(output.args[0]) if isinstance(output.args[0], list | tuple) else [output.args[0]]
@@ -219,14 +263,27 @@ class StitchedGraph:
         p = plan(cap.graph, target, method=self.compiler.method,
                  time_limit_s=self.compiler.time_limit_s)  # fmt: skip
         backend = "triton" if device.type == "cuda" else "cpu"
-        planned = PlannedGraph(p, cap.constants, backend, strides=_strides(gm, cap.graph))
         names = cap.graph.outputs
         tensor = [isinstance(o, torch.fx.Node) for o in outs]
+        user = [o for o in outs[: len(outs) - len(copies)] if isinstance(o, torch.fx.Node)]
+        copied = [(names[len(user) + j], k) for j, (k, _) in enumerate(copies)]
+        placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        graph_inputs = set(cap.graph.inputs)
+        writes: dict[str, str] = {}
+        for out, k in copied:  # written in place when a kernel computes it last
+            if placeholders[k] in graph_inputs and out not in names[: len(user)]:
+                writes.setdefault(out, placeholders[k])
+        planned = PlannedGraph(p, cap.constants, backend, strides=_strides(gm, cap.graph),
+                               writes=writes)  # fmt: skip
+        n_user = len(outs) - len(copies)
 
         def run(args: list[Any]) -> list[Any]:
             got = planned.run(cap.values(*(a for a in args if isinstance(a, torch.Tensor))))
+            for out, k in copied:  # AOTAutograd's copy_ of a mutated input, unless done
+                if got[out] is not args[k]:
+                    args[k].copy_(got[out])
             values = iter(got[n] for n in names)
-            return [next(values) if t else o for t, o in zip(tensor, outs, strict=True)]
+            return [next(values) if t else o for t, o in zip(tensor, outs, strict=True)][:n_user]
 
         return _Planned(run=run, plan=p, compiled=planned)
 

@@ -276,6 +276,10 @@ class PlannedGraph:
         backend: ``"cpu"`` (numba; the only backend so far).
         strides: the strides its tensors are expected to have (an FX graph's ``meta["val"]``):
             a CPU kernel whose inputs are expected strided compiles that variant ahead too.
+        writes: outputs the caller copies into inputs after the run, ``{output: input}`` (an
+            optimizer's updates of its parameters): a CPU kernel computing such an output
+            after the input's last other reader writes it there (:meth:`CpuKernel.write_into`),
+            and the run returns the input itself for it.
     """
 
     def __init__(
@@ -284,6 +288,7 @@ class PlannedGraph:
         constants: Mapping[str, torch.Tensor],
         backend: str = "cpu",
         strides: Mapping[str, tuple[int, ...]] | None = None,
+        writes: Mapping[str, str] | None = None,
     ) -> None:
         self.plan = plan
         self.graph = plan.graph
@@ -296,15 +301,24 @@ class PlannedGraph:
             )
         self.kernels, reads = _kernels(self.graph, plan.groups, backend)
         # every kernel numba's cache lacks, compiled ahead in worker processes (one per core)
+        if writes:
+            self._write_in_place(writes, reads)
         cpu = [k for k in self.kernels if isinstance(k, CpuKernel)]
-        jobs = [(k.code, k.interleave) for k in cpu]
         for k in cpu if strides else []:
-            code = k.expect(strides or {})
-            if code is not None:
-                jobs.append((code, k.interleave))
-        precompile(jobs)
-        self._drops = _last_reads(reads, {*self.graph.outputs, *self.constants})
+            k.expect(strides or {})
+        precompile([(code, k.interleave) for k in cpu for code in k.codes])
+        kept = {*self.graph.outputs, *self.constants, *(writes or {}).values()}
+        self._drops = _last_reads(reads, kept)
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
+
+    def _write_in_place(self, writes: Mapping[str, str], reads: list[set[str]]) -> None:
+        """Hand each kernel the ``writes`` it may do in place: no later kernel reads the input."""
+        last_reader = {t: i for i, ts in enumerate(reads) for t in ts}
+        for i, kernel in enumerate(self.kernels):
+            if isinstance(kernel, CpuKernel):
+                pairs = {o: t for o, t in writes.items() if last_reader.get(t, -1) <= i}
+                if pairs:
+                    kernel.write_into(pairs)
 
     def check(self, values: Mapping[str, torch.Tensor]) -> None:
         """Raise a ``ValueError`` for a missing input or one whose shape or dtype differs."""

@@ -348,7 +348,11 @@ _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "prod": "{a} * {b}",
 
 class _Emitter:
     def __init__(
-        self, graph: Graph, layout: Layout, given: Mapping[str, tuple[int, ...]] | None = None
+        self,
+        graph: Graph,
+        layout: Layout,
+        given: Mapping[str, tuple[int, ...]] | None = None,
+        alias: Mapping[str, str] | None = None,
     ) -> None:
         self.graph, self.layout = graph, layout
         self.r = Renderer(
@@ -356,6 +360,12 @@ class _Emitter:
         )
         self.lines: list[str] = []
         self.partials: list[tuple[str, int, str, str]] = []  # (name, size, op, dtype)
+        #: outputs written into the memory of an input the kernel reads (output -> input): the
+        #: same array, stored at the end of the element's body, after every read of it
+        self.alias = dict(alias or {})
+        self.deferred: list[str] | None = None
+        self.row_deferred: list[str] | None = None
+        self.unsafe: set[str] = set()  # aliased outputs stored elsewhere than a body's end
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -379,10 +389,18 @@ class _Emitter:
         dims = set(range(len(self.layout.extents))) if in_stage else set(self.layout.par_dims)
         cond = self.guard(op, dims - covered)
         off = self.r.offset(op, op, o.out.indices)
+        text = f"{_at(f'out_{op}', off)} = {_narrow(value, self.graph.tensor(op).dtype)}"
+        if op in self.alias:
+            later = self.deferred if in_stage else self.row_deferred
+            if later is None or cond:  # not stored once per element of a body or row
+                self.unsafe.add(op)
+            else:
+                later.append(text)
+                return
         if cond:
             self.emit(depth, f"if {cond}:")
             depth += 1
-        self.emit(depth, f"{_at(f'out_{op}', off)} = {_narrow(value, self.graph.tensor(op).dtype)}")
+        self.emit(depth, text)
 
     def reduces(self, op: str) -> list[Reduce]:
         return [n for n in walk(self.layout.exprs[op]) if isinstance(n, Reduce)]
@@ -470,6 +488,14 @@ class _Emitter:
             pairs = zip(lay.inner_dims, _inner_strides(lay), strict=True)
             q = " + ".join(f"{r.index(d)} * {s}" for d, s in pairs)
             self.emit(inner, f"q = {q or '0'}")
+        self.deferred = [] if self.alias else None
+        self.body_ops(inner, k, ops)
+        for text in self.deferred or []:  # stores into an input's memory: after its reads
+            self.emit(inner, text)
+        self.deferred = None
+
+    def body_ops(self, inner: int, k: int, ops: tuple[str, ...]) -> None:
+        lay, r = self.layout, self.r
         for op in ops:
             role = lay.roles[op]
             if role is Role.FULL:
@@ -581,6 +607,7 @@ class _Emitter:
         if single:
             self.emit(2, f"{r.index(lay.par_dims[0])} = p")
         k = 0
+        self.row_deferred = [] if self.alias else None
         for step in lay.steps:
             if isinstance(step, RowStep):
                 self.emit(2, f"v_{step.op} = {r.value(step.op, None)}")
@@ -588,6 +615,9 @@ class _Emitter:
             else:
                 self.stage(2, k, step.ops)
                 k += 1
+        for text in self.row_deferred or []:  # stores into an input's memory: after its reads
+            self.emit(2, text)
+        self.row_deferred = None
         if not any(isinstance(s, Stage) and s.ops for s in lay.steps) and not lay.steps:
             self.emit(2, "pass")
         if len(lay.par_dims) > 1:
@@ -635,6 +665,9 @@ class _Emitter:
                            (*lay.inputs, *lay.outputs), strict=True))  # fmt: skip
         for a in arrays:
             t = tensors[a]
+            if a.startswith("out_") and t in self.alias:  # the input's array itself
+                self.emit(1, f"{a} = in_{self.alias[t]}")
+                continue
             size = math.prod(static_shape(self.graph, t))
             if t in self.r.given:  # the elements a strided input spans
                 shape = static_shape(self.graph, t)
@@ -756,6 +789,81 @@ class CpuKernel:
         default = self._variant(self._contiguous)
         self.source, self._views, self._outs = default.source, default.views, default.outs
         self.code = default.code
+        #: outputs written into inputs' memory (:meth:`write_into`), and the variant doing so
+        self.into: dict[str, str] = {}
+        self._inplace: _Variant | None = None
+
+    def write_into(self, pairs: Mapping[str, str]) -> dict[str, str]:
+        """Write outputs into the memory of graph inputs: ``{output: input}``; those accepted.
+
+        For an input the caller updates in place with the output (an optimizer's parameters
+        and moments, AOTAutograd's ``copy_`` of a mutated input): the kernel writes it where it
+        is, instead of a new tensor copied over after. The caller guarantees that nothing
+        reads the input after this kernel. An output is accepted when it is written whole,
+        contiguous, of the input's shape and dtype, and either the kernel does not read that
+        input, or it is an elementwise group (:func:`_elementwise`) that reads the input only
+        at the element it writes: stored at the end of the element's body (or row), after
+        every read. Inputs of the planned strides only; other calls write a new
+        tensor.
+        """
+        graph, layout = self.graph, self.layout
+        accepted = {
+            o: t for o, t in pairs.items()
+            if o in self._outs_names() and t in graph.inputs and list(pairs.values()).count(t) == 1
+            and graph.tensor(o).shape == graph.tensor(t).shape
+            and graph.tensor(o).dtype == graph.tensor(t).dtype
+        }  # fmt: skip
+        read = {o: t for o, t in accepted.items() if t in layout.inputs}
+        if read and not _elementwise(layout):
+            accepted = {o: t for o, t in accepted.items() if o not in read}
+            read = {}
+        while read:  # drop the outputs the kernel cannot write in place, spell the rest
+            emitter = _Emitter(graph, self._written_layout(self._views), alias=read)
+            source, _, _ = emitter.kernel()
+            bad = emitter.unsafe | _misread(source, read)
+            if not bad:
+                names = (*layout.inputs, *layout.outputs, *layout.ops)
+                default = self._variants[self._contiguous]
+                self._inplace = dataclasses.replace(
+                    default, source=source, code=canonical(source, names), fn=None
+                )
+                break
+            accepted = {o: t for o, t in accepted.items() if o not in bad}
+            read = {o: t for o, t in read.items() if o not in bad}
+        self.into = accepted
+        return dict(accepted)
+
+    def _writable(
+        self, into: Mapping[str, str], values: Mapping[str, torch.Tensor], ins: list[torch.Tensor]
+    ) -> bool:
+        """Whether every output of ``into`` can be written into its input as given.
+
+        The input must have the output's planned shape, dtype and strides, and one the kernel
+        reads must be passed as itself (not a contiguous copy).
+        """
+        given = dict(zip(self.layout.inputs, ins, strict=True))
+        for t, shape, step, dtype in self._outs:
+            if t in into:
+                x = values[into[t]]
+                if not _fits(x, shape, step, dtype) or given.get(into[t], x) is not x:
+                    return False
+        return True
+
+    def _outs_names(self) -> set[str]:
+        return {t for t, *_ in self._outs}
+
+    def _written_layout(self, views: Mapping[str, Any]) -> Layout:
+        """The layout less the outputs returned as views of inputs (not written)."""
+        if not views:
+            return self.layout
+        outs = tuple(t for t in self.layout.outputs if t not in views)
+        return dataclasses.replace(self.layout, outputs=outs)
+
+    @property
+    def codes(self) -> list[str]:
+        """Every variant's code generated so far (what :func:`.compiling.precompile` takes)."""
+        extra = [self._inplace] if self._inplace is not None else []
+        return [v.code for v in (*self._variants.values(), *extra)]
 
     def _variant(self, key: tuple[tuple[int, ...], ...]) -> _Variant:
         """The kernel for inputs of strides ``key`` (generated, not yet compiled)."""
@@ -810,12 +918,20 @@ class CpuKernel:
             else:  # copies in contiguous memory
                 ins = [x.contiguous() for x in ins]
                 variant = self._variants[self._contiguous]
+        into = self.into if self.into and variant is self._variants[self._contiguous] else {}
+        if into and not self._writable(into, values, ins):
+            into = {}
+        if into and self._inplace is not None:
+            variant = self._inplace
         if variant.fn is None:  # numba compiles (or loads its cache) at the first call
             variant.fn = compile_source(variant.code, self.interleave)
         chunk, finish = variant.fn
-        # the kernel takes data addresses; outputs allocated by torch in their shapes, the
-        # tensors outlive the call
-        out = {t: _empty(shape, step, dtype) for t, shape, step, dtype in variant.outs}
+        # the kernel takes data addresses; outputs allocated by torch in their shapes (the
+        # tensors outlive the call), or the inputs written in place
+        out = {
+            t: values[into[t]] if t in into else _empty(shape, step, dtype)
+            for t, shape, step, dtype in variant.outs
+        }
         chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
         parts = [np.empty(chunks * size, dtype) for size, dtype in variant.part_specs]
         argv = np.array(
@@ -829,6 +945,42 @@ class CpuKernel:
             x = ins[k]
             out[t] = torch.as_strided(x, shape, step, x.storage_offset() + base)
         return out
+
+
+def _fits(x: torch.Tensor, shape: tuple[int, ...], step: tuple[int, ...], dtype: Any) -> bool:
+    """Whether the kernel can write an output of this shape, strides and dtype into ``x``."""
+    return x.is_cpu and x.dtype is dtype and tuple(x.shape) == shape and x.stride() == step
+
+
+def _elementwise(layout: Layout) -> bool:
+    """Row ops and at most one stage of full ops: no reductions, no row buffers.
+
+    Each element of such a group is computed in one iteration (a full op's of its stage's
+    innermost loop, a row op's of its row) from values of the same element or its row.
+    """
+    stages = [s for s in layout.steps if isinstance(s, Stage)]
+    return (
+        len(stages) <= 1
+        and not layout.buffered
+        and all(role in (Role.FULL, Role.ROW) for role in layout.roles.values())
+    )
+
+
+def _misread(source: str, alias: Mapping[str, str]) -> set[str]:
+    """The aliased outputs whose input ``source`` reads elsewhere than at the element written.
+
+    The emitter spells an array's element as ``arr[np.uint64(offset)]``; in an elementwise
+    group each output element is stored from the values of its own iteration, after them. A
+    read of the input at any other offset (a shifted or transposed read, a gather) could see
+    an element already overwritten.
+    """
+    bad = set()
+    for out, t in alias.items():
+        stores = set(re.findall(rf"\bout_{re.escape(out)}(\[[^\]\n]*\])", source))
+        reads = set(re.findall(rf"\bin_{re.escape(t)}(\[[^\]\n]*\])", source))
+        if len(stores) != 1 or not reads <= stores:
+            bad.add(out)
+    return bad
 
 
 def _readable(ins: list[torch.Tensor]) -> bool:
