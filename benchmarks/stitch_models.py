@@ -19,6 +19,11 @@ Parts:
   both checked against eager first.
 * ``models``: each whole model's forward (eval, ``no_grad``) and training step (forward with the
   loss, backward), the same three ways; ``compile_s`` is the first call's seconds.
+* ``optimizer``: one ``torch.optim.AdamW`` step over every parameter of the model, eager
+  (torch's foreach implementation), ``torch.compile(opt.step)`` and
+  ``torch.compile(opt.step, backend="fusekit")``, each on its own copy of equal parameters and
+  gradients, checked against eager after three steps; with the fraction of the streaming
+  roofline (7 float32 arrays per element at the measured bandwidth).
 
 Times are medians of interleaved passes (``--repeats`` calls each). Writes
 ``benchmarks/results/stitch_models_cpu.json`` and a plot beside it.
@@ -58,6 +63,9 @@ PLOTS = (
          y="speedup_vs_compile", hue="family", where={"part": "subgraphs"}, log_y=True, ref=1.0),
     Plot(title="Whole models: fusekit over torch.compile", x="problem", y="speedup_vs_compile",
          hue="family", where={"part": "models"}, log_y=True, ref=1.0),
+    Plot(title="AdamW step over each model's parameters: fusekit over torch.compile",
+         x="problem", y="speedup_vs_compile", hue="family", where={"part": "optimizer"},
+         log_y=True, ref=1.0),
 )  # fmt: skip
 TABLES = (
     Summary(title="Subgraphs: speedup over torch.compile and eager", rows=["family"],
@@ -65,6 +73,10 @@ TABLES = (
     Summary(title="Whole models", rows=["family", "problem"],
             values=["eager_s", "compile_s_median", "fusekit_s", "speedup_vs_compile",
                     "compile_first_s", "fusekit_first_s"], where={"part": "models"}),
+    Summary(title="AdamW step", rows=["family"],
+            values=["eager_s", "compile_s_median", "fusekit_s", "speedup_vs_compile",
+                    "roofline_fraction", "roofline_fraction_compile", "fusekit_first_s",
+                    "compile_first_s"], where={"part": "optimizer"}),
 )  # fmt: skip
 
 #: ATen calls that cut a graph into memory-bound regions (they run as ATen in every contender).
@@ -388,6 +400,66 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+#: Arrays one AdamW update streams per parameter element: parameter, gradient and both moments
+#: read; parameter and moments written.
+ADAMW_ARRAYS = 7
+
+
+def optimizer_part(family: Family, repeats: int) -> list[dict[str, Any]]:
+    """One AdamW step over every parameter of the model, three ways, from equal states.
+
+    Each contender steps its own copy of the parameters (same values, same gradients); after
+    three steps its parameters are compared with eager's. ``roofline_fraction``: the step's
+    streaming bytes (:data:`ADAMW_ARRAYS` float32 arrays per element) at the measured bandwidth
+    over fusekit's median.
+    """
+    from fusekit.hw import detect
+
+    torch.manual_seed(0)
+    base = family.build().to(DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    grads = [torch.randn(p.shape, generator=gen, device=DEVICE) * 1e-2 for p in base.parameters()]
+    states = {}
+    for name in ("eager", "compile", "fusekit"):
+        params = [torch.nn.Parameter(p.detach().clone()) for p in base.parameters()]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+        backend = {"compile": "inductor", "fusekit": "fusekit"}.get(name)
+        step = opt.step if backend is None else torch.compile(opt.step, backend=backend)
+        states[name] = (params, step)
+    torch._dynamo.reset()
+    fns = {name: step for name, (_, step) in states.items()}
+    first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
+    fns["eager"]()
+    for _ in range(2):
+        for fn in fns.values():
+            fn()
+    want = [p.detach() for p in states["eager"][0]]
+    errors = {k: relative_error([p.detach() for p in states[k][0]], want)
+              for k in ("compile", "fusekit")}  # fmt: skip
+    times = time_three(fns, repeats)
+    elements = sum(p.numel() for p in base.parameters())
+    bw = detect().mem_bw_bytes_per_s if DEVICE.type == "cpu" else float("nan")
+    row = {
+        "part": "optimizer", "family": family.name, "problem": f"{family.name} AdamW step",
+        "parameters": len(grads), "elements": elements,
+        "eager_s": times["eager"], "compile_s_median": times["compile"],
+        "fusekit_s": times["fusekit"],
+        "speedup_vs_compile": times["compile"] / times["fusekit"],
+        "speedup_vs_eager": times["eager"] / times["fusekit"],
+        "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
+        "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
+        "roofline_fraction": ADAMW_ARRAYS * 4 * elements / bw / times["fusekit"],
+        "roofline_fraction_compile": ADAMW_ARRAYS * 4 * elements / bw / times["compile"],
+    }  # fmt: skip
+    print(f"  {row['problem']} ({len(grads)} parameters): eager {times['eager'] * 1e3:.1f} ms, "
+          f"compile {times['compile'] * 1e3:.1f} ms, fusekit {times['fusekit'] * 1e3:.1f} ms "
+          f"(roofline {row['roofline_fraction']:.2f}); first call {first['compile']:.1f} s / "
+          f"{first['fusekit']:.1f} s", flush=True)  # fmt: skip
+    return [row]
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -422,7 +494,7 @@ def write(path: Path, records: list[dict[str, Any]], settings: dict[str, Any]) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default="llama,gpt2,bert,t5,vit")
-    parser.add_argument("--parts", default="subgraphs,models")
+    parser.add_argument("--parts", default="subgraphs,models,optimizer")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument(
         "--limit",
@@ -454,6 +526,13 @@ def main() -> None:
             except Exception as e:
                 traceback.print_exc()
                 records.append({"part": "models", "family": family.name, "error": repr(e)[:300]})
+        if "optimizer" in args.parts:
+            try:
+                records += optimizer_part(family, args.repeats)
+            except Exception as e:
+                traceback.print_exc()
+                records.append({"part": "optimizer", "family": family.name,
+                                "error": repr(e)[:300]})  # fmt: skip
         write(args.out, records, {"families": wanted, "repeats": args.repeats,
                                   "quick": args.quick, "device": str(DEVICE)})  # fmt: skip
     print(f"wrote {args.out}")
