@@ -390,3 +390,35 @@ def test_an_adamw_step_updates_parameters_and_moments_in_place(compiled_graphs):
     written = {t for k in kernels for t in k.into.values()}
     # each parameter, its two moments and its step count: 4 inputs per parameter
     assert len(written) == 4 * len(params)
+
+
+def test_a_write_in_place_waits_for_the_readers_of_the_inputs_views():
+    # a transposed view of x read after x's new value is computed must see the old x: the
+    # views of a written input count as its readers
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusekit.ir.capture import capture_graph
+    from fusekit.stitch.runner import _may_alias
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.t().reshape(-1) + y, x * 2.0
+
+    x, y = torch.randn(6, 4), torch.randn(24)
+    graph = capture_graph(make_fx(fn)(x, y), [x, y]).graph
+    (name, _) = graph.inputs
+    aliases = _may_alias(graph, name)
+    views = {op.name for op in graph.ops if graph.moves_only(op.name)}
+    assert views and views <= aliases
+    computed = {op.name for op in graph.ops if op.name not in views}  # the add and the mul
+    assert computed and not computed & aliases
+
+    def mutate(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        old = x.t().reshape(-1) + y
+        x.mul_(2.0)
+        return old
+
+    want_x, got_x = x.clone(), x.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(mutate, backend="fusekit")(got_x, y),
+                                   mutate(want_x, y))  # fmt: skip
+    torch.testing.assert_close(got_x, want_x)

@@ -168,6 +168,22 @@ def _last_reads(reads: Sequence[set[str]], keep: Collection[str]) -> list[tuple[
     return [tuple(sorted(names)) for names in out]
 
 
+def _may_alias(graph: Graph, tensor: str) -> set[str]:
+    """``tensor`` and every tensor that may be a view of it.
+
+    What a chain of layout ops or opaque ATen calls makes of it: a layout op may run as a view
+    of its input (:class:`LayoutViews`, a returned reshape), and an opaque call may return one.
+    """
+    out, stack = {tensor}, [tensor]
+    while stack:
+        for op in graph.consumers(stack.pop()):
+            if (op.name not in out
+                    and (graph.moves_only(op.name) or isinstance(op.expr, Opaque))):  # fmt: skip
+                out.add(op.name)
+                stack.append(op.name)
+    return out
+
+
 def _merged_epilogues(
     graph: Graph, groups: Sequence[Candidate]
 ) -> dict[str, str | tuple[AtenContraction, Op]]:
@@ -312,11 +328,17 @@ class PlannedGraph:
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
 
     def _write_in_place(self, writes: Mapping[str, str], reads: list[set[str]]) -> None:
-        """Hand each kernel the ``writes`` it may do in place: no later kernel reads the input."""
+        """Hand each kernel the ``writes`` it may do in place.
+
+        A write into input ``t`` is offered to the kernel computing it when no later kernel
+        reads ``t`` or what may share its memory (:func:`_may_alias`: a view of it).
+        """
         last_reader = {t: i for i, ts in enumerate(reads) for t in ts}
+        last = {t: max((last_reader.get(a, -1) for a in _may_alias(self.graph, t)), default=-1)
+                for t in writes.values()}  # fmt: skip
         for i, kernel in enumerate(self.kernels):
             if isinstance(kernel, CpuKernel):
-                pairs = {o: t for o, t in writes.items() if last_reader.get(t, -1) <= i}
+                pairs = {o: t for o, t in writes.items() if last[t] <= i}
                 if pairs:
                     kernel.write_into(pairs)
 
