@@ -6,7 +6,7 @@ from torch import nn
 
 from fusekit.ir import capture
 from fusekit.ir.expr import Access, IBin, IConst, IVar
-from fusekit.ir.strides import fit_strides
+from fusekit.ir.strides import fit_strides, term_values
 from fusekit.stitch.alone import AtenContraction
 from fusekit.stitch.runner import reference_group
 
@@ -66,6 +66,26 @@ def test_fit_strides_transpose_and_split():
         0,
         (8, 4, 1),
     )
+
+
+def test_fit_strides_of_affine_reads_matches_every_offset():
+    # affine reads are fitted from the unit points alone: the fit reproduces every offset
+    import itertools
+
+    i, j = IVar("i"), IVar("j")
+    cases = [
+        (Access("x", (IBin("+", i, IConst(1)), IBin("-", IConst(5), j))), (3, 4), (6, 1)),
+        (Access("x", (IBin("*", IConst(2), j), i)), (3, 2), (5, 1)),
+        (Access("x", (i, j)), (1, 4), (4, 1)),  # a dim of one: stride 0
+    ]
+    for acc, shape, src in cases:
+        base, steps = fit_strides(acc, ("i", "j"), shape, src)  # type: ignore[misc]
+        for y in itertools.product(*(range(n) for n in shape)):
+            point = dict(zip(("i", "j"), y, strict=True))
+            want = sum(term_values(t, point) * s for t, s in zip(acc.indices, src, strict=True))
+            assert base + sum(a * b for a, b in zip(y, steps, strict=True)) == want
+    # a product of two variables is not affine: checked over every element, not a view
+    assert fit_strides(Access("x", (IBin("*", i, j),)), ("i", "j"), (3, 3), (1,)) is None
 
 
 def test_fit_strides_rejects_reshape_of_transpose():

@@ -16,8 +16,8 @@ import numpy as np
 from fusekit.ir.expr import Access, IBin, IConst, IndexTerm, IVar
 
 
-def term_values(t: IndexTerm, grids: Mapping[str, np.ndarray]) -> Any:
-    """Index term ``t`` evaluated over broadcastable integer ``grids`` of its variables.
+def term_values(t: IndexTerm, grids: Mapping[str, Any]) -> Any:
+    """Index term ``t`` over broadcastable integer ``grids`` of its variables (or integers).
 
     ``/`` and ``%`` are floor division and remainder, as in the IR; an indirect index (a
     read) raises.
@@ -50,6 +50,16 @@ def fit_strides(
     offset (checked over all elements, once per stride signature).
     """
     rank = len(out_vars)
+    if any(n == 0 for n in out_shape):
+        return None
+    if all(_affine(t) for t in acc.indices):
+        # offsets affine in y: the strides fitted at the unit points reproduce every offset
+        point = dict.fromkeys(out_vars, 0)
+        base = _offset(acc.indices, point, src_strides)
+        return base, tuple(
+            _offset(acc.indices, {**point, v: 1}, src_strides) - base if n > 1 else 0
+            for v, n in zip(out_vars, out_shape, strict=True)
+        )
     grids = {
         v: np.arange(n, dtype=np.int64).reshape([n if i == j else 1 for j in range(rank)])
         for i, (v, n) in enumerate(zip(out_vars, out_shape, strict=True))
@@ -69,3 +79,28 @@ def fit_strides(
     for d, s in enumerate(strides):
         fitted = fitted + grids[out_vars[d]] * s
     return (base, tuple(strides)) if np.array_equal(off, fitted) else None
+
+
+def _affine(t: IndexTerm) -> bool:
+    """Whether index term ``t`` is affine in its variables (``+``, ``-``, ``*`` by a constant)."""
+    if isinstance(t, IVar | IConst):
+        return True
+    if not isinstance(t, IBin) or t.op in ("/", "%"):
+        return False
+    if not (_affine(t.left) and _affine(t.right)):
+        return False
+    return t.op != "*" or not (_has_var(t.left) and _has_var(t.right))
+
+
+def _has_var(t: IndexTerm) -> bool:
+    if isinstance(t, IVar):
+        return True
+    return isinstance(t, IBin) and (_has_var(t.left) or _has_var(t.right))
+
+
+def _offset(terms: tuple[IndexTerm, ...], point: Mapping[str, int], steps: tuple[int, ...]) -> int:
+    """The storage offset ``sum_e t_e(point) s_e`` of one element."""
+    total = 0
+    for t, s in zip(terms, steps, strict=True):
+        total += int(term_values(t, point)) * s
+    return total
