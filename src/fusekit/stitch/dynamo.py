@@ -38,7 +38,9 @@ import torch
 
 from fusekit.errors import FusekitError, expected
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
+from fusekit.hw.detect import real_tensors
 from fusekit.ir.capture import capture_graph
+from fusekit.ir.fold import fold_constants
 from fusekit.ir.graph import Graph
 from fusekit.stitch.runner import PlannedGraph, on_device
 from fusekit.stitch.search import Plan, plan
@@ -258,7 +260,8 @@ class StitchedGraph:
             gm.recompile()
         device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
         device = device or torch.device("cpu")
-        cap = on_device(capture_graph(gm, inputs, name="aot"), device)
+        with real_tensors():  # folded once on real values (AOTAutograd compiles under fake)
+            cap = on_device(fold_constants(capture_graph(gm, inputs, name="aot")), device)
         target = self.compiler.target_for(device)
         p = plan(cap.graph, target, method=self.compiler.method,
                  time_limit_s=self.compiler.time_limit_s)  # fmt: skip
