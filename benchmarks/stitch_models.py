@@ -341,7 +341,13 @@ def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[
     """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians."""
     first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
     errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
-    times = time_three(fns, repeats)
+    return _timed_row(first, errors, time_three(fns, repeats))
+
+
+def _timed_row(
+    first: dict[str, float], errors: dict[str, float], times: dict[str, float]
+) -> dict[str, Any]:
+    """A result row's columns from first-call seconds, errors and medians of the contenders."""
     return {
         "eager_s": times["eager"], "compile_s_median": times["compile"],
         "fusekit_s": times["fusekit"],
@@ -443,13 +449,7 @@ def optimizer_part(family: Family, repeats: int) -> list[dict[str, Any]]:
     bw = detect().mem_bw_bytes_per_s if DEVICE.type == "cpu" else float("nan")
     row = {
         "part": "optimizer", "family": family.name, "problem": f"{family.name} AdamW step",
-        "parameters": len(grads), "elements": elements,
-        "eager_s": times["eager"], "compile_s_median": times["compile"],
-        "fusekit_s": times["fusekit"],
-        "speedup_vs_compile": times["compile"] / times["fusekit"],
-        "speedup_vs_eager": times["eager"] / times["fusekit"],
-        "compile_first_s": first["compile"], "fusekit_first_s": first["fusekit"],
-        "max_rel_err_fusekit": errors["fusekit"], "max_rel_err_compile": errors["compile"],
+        "parameters": len(grads), "elements": elements, **_timed_row(first, errors, times),
         "roofline_fraction": ADAMW_ARRAYS * 4 * elements / bw / times["fusekit"],
         "roofline_fraction_compile": ADAMW_ARRAYS * 4 * elements / bw / times["compile"],
     }  # fmt: skip

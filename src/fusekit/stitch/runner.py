@@ -157,15 +157,16 @@ def _last_reads(reads: Sequence[set[str]], keep: Collection[str]) -> list[tuple[
     the working set small: a plan that held every intermediate to the end would touch fresh
     pages for each one on every call.
     """
-    last: dict[str, int] = {}
-    for k, names in enumerate(reads):
-        for name in names:
-            last[name] = k
     out: list[list[str]] = [[] for _ in reads]
-    for name, k in last.items():
+    for name, k in _last_reader(reads).items():
         if name not in keep:
             out[k].append(name)
     return [tuple(sorted(names)) for names in out]
+
+
+def _last_reader(reads: Sequence[set[str]]) -> dict[str, int]:
+    """The index of the last kernel reading each tensor."""
+    return {name: k for k, names in enumerate(reads) for name in names}
 
 
 def _may_alias(graph: Graph, tensor: str) -> set[str]:
@@ -333,7 +334,7 @@ class PlannedGraph:
         A write into input ``t`` is offered to the kernel computing it when no later kernel
         reads ``t`` or what may share its memory (:func:`_may_alias`: a view of it).
         """
-        last_reader = {t: i for i, ts in enumerate(reads) for t in ts}
+        last_reader = _last_reader(reads)
         last = {t: max((last_reader.get(a, -1) for a in _may_alias(self.graph, t)), default=-1)
                 for t in writes.values()}  # fmt: skip
         for i, kernel in enumerate(self.kernels):

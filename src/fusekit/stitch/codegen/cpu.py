@@ -786,7 +786,7 @@ class CpuKernel:
         self._trips = [layout.extents[d] for d in layout.inner_dims]
         self._contiguous = tuple(tuple(strides(shapes[t])) for t in layout.inputs)
         self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
-        default = self._variant(self._contiguous)
+        default = self._default = self._variant(self._contiguous)
         self.source, self._views, self._outs = default.source, default.views, default.outs
         self.code = default.code
         #: outputs written into inputs' memory (:meth:`write_into`), and the variant doing so
@@ -823,9 +823,8 @@ class CpuKernel:
             bad = emitter.unsafe | _misread(source, read)
             if not bad:
                 names = (*layout.inputs, *layout.outputs, *layout.ops)
-                default = self._variants[self._contiguous]
                 self._inplace = dataclasses.replace(
-                    default, source=source, code=canonical(source, names), fn=None
+                    self._default, source=source, code=canonical(source, names), fn=None
                 )
                 break
             accepted = {o: t for o, t in accepted.items() if o not in bad}
@@ -873,10 +872,7 @@ class CpuKernel:
         graph, layout = self.graph, self.layout
         given = dict(zip(layout.inputs, key, strict=True))
         views = input_views(graph, layout, given)
-        if views:  # not written by the kernel: strided views of the inputs it reads
-            layout = dataclasses.replace(
-                layout, outputs=tuple(t for t in layout.outputs if t not in views)
-            )
+        layout = self._written_layout(views)  # views of inputs it reads are not written
         plain = dict(zip(layout.inputs, self._contiguous, strict=True))
         emitter = _Emitter(graph, layout, {t: s for t, s in given.items() if s != plain[t]})
         source, _, _ = emitter.kernel()
@@ -917,8 +913,8 @@ class CpuKernel:
                 variant = self._variant(key)
             else:  # copies in contiguous memory
                 ins = [x.contiguous() for x in ins]
-                variant = self._variants[self._contiguous]
-        into = self.into if self.into and variant is self._variants[self._contiguous] else {}
+                variant = self._default
+        into = self.into if self.into and variant is self._default else {}
         if into and not self._writable(into, values, ins):
             into = {}
         if into and self._inplace is not None:
