@@ -131,7 +131,7 @@ class Wheres(torch.nn.Module):
 
 
 def _value_lines(kernel: CpuKernel) -> list[str]:
-    body = kernel.source.split("\ndef chunk(")[1].split("\ndef finish(")[0]
+    body = kernel.source.split("\ndef rows(")[1].split("\ndef chunk(")[0]
     return [ln.strip() for ln in body.splitlines() if ln.strip().startswith("v_")]
 
 

@@ -101,6 +101,8 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba.extending import intrinsic
 
+import fusekit.stitch.codegen.noalias  # numba.njit(noalias=...)
+
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
 HALF = np.float32(0.5)
@@ -574,14 +576,23 @@ class _Emitter:
         # compiled at import for the launcher's one signature (launch.CHUNK); error_model=
         # "numpy": a float division by zero gives inf/nan (as in torch), with no exception
         # branch in the loop to stop its vectorisation
-        jit = (f"@numba.njit(CHUNK, nogil=True, cache=True, fastmath={flags}, "
-               "error_model='numpy')")  # fmt: skip
+        options = f"nogil=True, cache=True, fastmath={flags}, error_model='numpy'"
+        jit = f"@numba.njit(CHUNK, {options})"
         self.emit(0, "CHUNK = numba.void(numba.int64, numba.int64)")
+        # the rows of a chunk, a function of the arrays themselves (distinct allocations, an
+        # output written in place spelled as its input): compiled with noalias (see .noalias),
+        # its loops run vector code with no run-time overlap checks; chunk(c, argv) below
+        # unpacks argv and calls it
+        written = [a for a in ins + outs if not (a.startswith("out_") and a[4:] in self.alias)]
+        arrays = [*written, *(p[0] for p in self.partials)]
+        params = ", ".join(["c", "n_chunks", *trips, *arrays])
         self.emit(0, "")
         self.emit(0, "")
-        self.emit(0, jit)
-        self.emit(0, "def chunk(c, argv):")
-        self.arguments(names, ins + outs)
+        self.emit(0, f"@numba.njit({options}, noalias=True)")
+        self.emit(0, f"def rows({params}):")
+        for t, source in self.alias.items():
+            if f"out_{t}" in outs:
+                self.emit(1, f"out_{t} = in_{source}")
         self.emit(1, f"per = ({lay.rows} + n_chunks - 1) // n_chunks")
         for op in sorted(lay.buffered):
             self.emit(
@@ -625,6 +636,12 @@ class _Emitter:
         for name, size, _, _ in self.partials:
             self.emit(1, f"for j in range({size}):")
             self.emit(2, f"{name}[c * {size} + j] = col_{name}[j]")
+        self.emit(0, "")
+        self.emit(0, "")
+        self.emit(0, jit)
+        self.emit(0, "def chunk(c, argv):")
+        self.arguments(names, written)
+        self.emit(1, f"rows({params})")
         # after every chunk: the column reductions' partials combined (phase 2)
         self.emit(0, "")
         self.emit(0, "")
