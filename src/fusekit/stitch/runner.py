@@ -332,14 +332,17 @@ class PlannedGraph:
         """Hand each kernel the ``writes`` it may do in place.
 
         A write into input ``t`` is offered to the kernel computing it when no later kernel
-        reads ``t`` or what may share its memory (:func:`_may_alias`: a view of it).
+        reads ``t``, and neither it nor a later kernel reads what may share its memory
+        (:func:`_may_alias`: a view of it; a kernel's arrays must not overlap).
         """
         last_reader = _last_reader(reads)
-        last = {t: max((last_reader.get(a, -1) for a in _may_alias(self.graph, t)), default=-1)
-                for t in writes.values()}  # fmt: skip
+        views = {t: max((last_reader.get(a, -1) for a in _may_alias(self.graph, t) - {t}),
+                        default=-1)
+                 for t in writes.values()}  # fmt: skip
         for i, kernel in enumerate(self.kernels):
-            if isinstance(kernel, CpuKernel):
-                pairs = {o: t for o, t in writes.items() if last[t] <= i}
+            if isinstance(kernel, CpuKernel):  # it may read t itself, none of t's views
+                pairs = {o: t for o, t in writes.items()
+                         if views[t] < i and last_reader.get(t, -1) <= i}  # fmt: skip
                 if pairs:
                     kernel.write_into(pairs)
 
