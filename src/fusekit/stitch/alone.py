@@ -206,17 +206,26 @@ class LayoutViews:
             self.reads[name] = (expr, vars_, tuple(int(s) for s in graph.tensor(name).shape))
         self.memo: dict[tuple[Any, ...], dict[str, tuple[int, tuple[int, ...]]] | None] = {}
 
-    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The outputs as views of the inputs (or the kernel's copies)."""
-        key = tuple(values[a.tensor].stride() for a, _, _ in self.reads.values())
+    def fit(
+        self, key: tuple[tuple[int, ...], ...]
+    ) -> dict[str, tuple[int, tuple[int, ...]]] | None:
+        """Per output, ``(offset, strides)`` in its source, for sources of strides ``key``.
+
+        ``key``: one stride tuple per output, in :attr:`reads` order. ``None`` when some
+        output is not such a view.
+        """
         if key not in self.memo:
             fits = {
-                name: fit_strides(acc, vars_, shape, values[acc.tensor].stride())
-                for name, (acc, vars_, shape) in self.reads.items()
+                name: fit_strides(acc, vars_, shape, step)
+                for (name, (acc, vars_, shape)), step in zip(self.reads.items(), key, strict=True)
             }
             ok = all(f is not None for f in fits.values())
             self.memo[key] = {n: f for n, f in fits.items() if f is not None} if ok else None
-        fitted = self.memo[key]
+        return self.memo[key]
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outputs as views of the inputs (or the kernel's copies)."""
+        fitted = self.fit(tuple(values[a.tensor].stride() for a, _, _ in self.reads.values()))
         if fitted is None:
             out: dict[str, torch.Tensor] = self.fallback(values)
             return out

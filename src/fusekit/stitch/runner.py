@@ -16,6 +16,10 @@ specialised at capture: :class:`Stitched` re-captures and re-plans for new input
 per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
 the input.
 
+Chains. The first call runs the kernels one by one (:meth:`PlannedGraph.run_each`, the
+reference); from the second, each run of consecutive CPU kernels runs as one
+:class:`~fusekit.stitch.chain.Chain`: one launch, no Python between its kernels.
+
 Thread pools. The CPU kernels run on numba's OpenMP pool, the ops alone on torch's (a second
 libgomp): a pool that spins after its parallel region starves the other on a small machine.
 A :class:`PlannedGraph` therefore sets ``OMP_WAIT_POLICY=PASSIVE`` when it is unset, before its
@@ -44,6 +48,7 @@ from fusekit.ir.op import Op
 from fusekit.search.measure import time_call
 from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
+from fusekit.stitch.chain import Chain
 from fusekit.stitch.classify import OpClass, classify, layout_only
 from fusekit.stitch.codegen.compiling import precompile
 from fusekit.stitch.codegen.cpu import CpuKernel
@@ -148,6 +153,21 @@ def _kernels(
         kernels.append(_kernel(graph, group, backend))
         reads.append(ins)
     return kernels, reads
+
+
+def _chainable(kernel: Kernel) -> CpuKernel | LayoutViews | None:
+    """What of ``kernel`` a :class:`Chain` can run, else ``None``.
+
+    A CPU kernel writing no input in place (a :class:`TimedChoice` that kept its stitched
+    one), or a group of layout ops.
+    """
+    if isinstance(kernel, TimedChoice) and kernel.choice == "stitched":
+        kernel = kernel.options["stitched"]
+    if isinstance(kernel, CpuKernel) and not kernel.into:
+        return kernel
+    if isinstance(kernel, LayoutViews) and isinstance(kernel.fallback, CpuKernel):
+        return kernel
+    return None
 
 
 def _last_reads(reads: Sequence[set[str]], keep: Collection[str]) -> list[tuple[str, ...]]:
@@ -326,7 +346,11 @@ class PlannedGraph:
         precompile([(code, k.interleave) for k in cpu for code in k.codes])
         kept = {*self.graph.outputs, *self.constants, *(writes or {}).values()}
         self._drops = _last_reads(reads, kept)
+        self._reads = reads
         self._dtypes = {n: getattr(torch, self.graph.tensor(n).dtype) for n in self.graph.inputs}
+        #: the steps of a call from the second on: runs of CPU kernels as one :class:`Chain`
+        #: each (made after the first call, which settles every :class:`TimedChoice`)
+        self.steps: list[tuple[Kernel, tuple[str, ...]]] | None = None
 
     def _write_in_place(self, writes: Mapping[str, str], reads: list[set[str]]) -> None:
         """Hand each kernel the ``writes`` it may do in place.
@@ -364,11 +388,52 @@ class PlannedGraph:
         """Run every kernel in plan order; return the graph's outputs by name."""
         self.check(values)
         env: dict[str, torch.Tensor] = {**self.constants, **values}
-        for kernel, drops in zip(self.kernels, self._drops, strict=True):
+        steps = self.steps
+        for kernel, drops in steps or zip(self.kernels, self._drops, strict=True):
             env.update(kernel(env))
             for name in drops:  # its last reader has run
                 env.pop(name, None)
+        if steps is None:
+            self.steps = self._chained()
         return {name: env[name] for name in self.graph.outputs}
+
+    def run_each(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The reference of :meth:`run`: every kernel called in turn, no :class:`Chain`."""
+        self.check(values)
+        env: dict[str, torch.Tensor] = {**self.constants, **values}
+        for kernel, drops in zip(self.kernels, self._drops, strict=True):
+            env.update(kernel(env))
+            for name in drops:
+                env.pop(name, None)
+        return {name: env[name] for name in self.graph.outputs}
+
+    def _chained(self) -> list[tuple[Kernel, tuple[str, ...]]]:
+        """The steps of a call, chained.
+
+        Each run of two chainable kernels or more (:func:`_chainable`), one of them a CPU
+        kernel, is one :class:`Chain`; every other kernel runs alone.
+        """
+        steps: list[tuple[Kernel, tuple[str, ...]]] = []
+        run: list[tuple[CpuKernel | LayoutViews, tuple[str, ...]]] = []
+
+        def flush(end: int) -> None:
+            if len(run) >= 2 and any(isinstance(k, CpuKernel) for k, _ in run):
+                after = {t for names in self._reads[end:] for t in names} | set(self.graph.outputs)
+                drops = tuple(sorted({d for _, names in run for d in names}))
+                steps.append((Chain([k for k, _ in run], after), drops))
+            else:
+                steps.extend(run)
+            run.clear()
+
+        for i, (kernel, drops) in enumerate(zip(self.kernels, self._drops, strict=True)):
+            chainable = _chainable(kernel)
+            if chainable is None:
+                flush(i)
+                steps.append((kernel, drops))
+            else:
+                run.append((chainable, drops))
+        flush(len(self.kernels))
+        return steps
 
 
 class Stitched:

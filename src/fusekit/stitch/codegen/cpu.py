@@ -920,6 +920,30 @@ class CpuKernel:
             return None
         return self._variant(key).code
 
+    def compiled_variant(self, key: tuple[tuple[int, ...], ...]) -> _Variant | None:
+        """The compiled variant a call on inputs of strides ``key`` runs.
+
+        As :meth:`__call__` picks it; ``None`` where such a call copies its inputs first or
+        writes in place.
+        """
+        if self.into:
+            return None
+        variant = self._variants.get(key)
+        if variant is None:
+            shapes = [static_shape(self.graph, t) for t in self.layout.inputs]
+            if len(self._variants) >= MAX_VARIANTS or not all(
+                _readable_strides(n, st) for n, st in zip(shapes, key, strict=True)
+            ):
+                return None
+            variant = self._variant(key)
+        if variant.fn is None:
+            variant.fn = compile_source(variant.code, self.interleave)
+        return variant
+
+    def chunks(self) -> int:
+        """The chunks a call splits the rows into: one per thread of numba's pool."""
+        return 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
+
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
         ins = [_checked_cpu(values[t], t, dtype) for t, dtype in self._ins]
@@ -945,7 +969,7 @@ class CpuKernel:
             t: values[into[t]] if t in into else _empty(shape, step, dtype)
             for t, shape, step, dtype in variant.outs
         }
-        chunks = 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
+        chunks = self.chunks()
         parts = [np.empty(chunks * size, dtype) for size, dtype in variant.part_specs]
         argv = np.array(
             [*(x.data_ptr() for x in ins), *(o.data_ptr() for o in out.values()),

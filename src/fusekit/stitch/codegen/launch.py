@@ -74,3 +74,40 @@ def launch_serial(chunk, finish, argv, n_chunks):  # type: ignore[no-untyped-def
     for c in range(n_chunks):
         _call(chunk, c, addr)  # type: ignore[call-arg]
     _call(finish, n_chunks, addr)  # type: ignore[call-arg]
+
+
+_CHAIN = types.void(
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+    types.int64[::1],
+)
+
+
+@numba.njit(_CHAIN, parallel=True, cache=True)
+def launch_chain(table, template, pos, src, off, chunks, finishes, n_chunks, starts):  # type: ignore[no-untyped-def]
+    """Kernels one after another, each as :func:`launch` runs one (one chunk: on this thread).
+
+    Their ``argv`` arrays lie end to end in a copy of ``template`` (kernel ``k``'s from
+    ``starts[k]``), whose addresses are filled in first: ``argv[pos[i]] = table[src[i]] +
+    off[i]`` (``table``: this call's base addresses; ``off``: byte offsets from them).
+    """
+    argv = template.copy()
+    for i in range(pos.size):
+        argv[pos[i]] = table[src[i]] + off[i]
+    base = np.int64(argv.ctypes.data)
+    for k in range(chunks.size):
+        addr = base + 8 * starts[k]
+        n = n_chunks[k]
+        fn = chunks[k]
+        if n == 1:
+            _call(fn, np.int64(0), addr)  # type: ignore[call-arg]
+        else:
+            for c in numba.prange(n):
+                _call(fn, np.int64(c), addr)  # type: ignore[call-arg]
+        _call(finishes[k], n, addr)  # type: ignore[call-arg]
