@@ -29,15 +29,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
 from fusekit.stitch.alone import LayoutViews
-from fusekit.stitch.codegen.cpu import CpuKernel
+from fusekit.stitch.codegen.cpu import CpuKernel, empty_strided_cpu, reinterpret_tensor
 
 #: Byte alignment of every arena slot (a cache line, and AVX-512's vector).
 ALIGN = 64
+
+#: :mod:`fusekit.stitch.codegen.launch`, imported at the first call (importing it starts
+#: numba's pool: not before a plan has set ``OMP_WAIT_POLICY``)
+_launch: Any = None
+
+
+def _launch_module() -> Any:
+    global _launch
+    if _launch is None:
+        from fusekit.stitch.codegen import launch
+
+        _launch = launch
+    return _launch
+
 
 Strides = tuple[int, ...]
 
@@ -58,21 +71,23 @@ class Placed:
 
 @dataclass
 class Program:
-    """What a chain's call does for one stride signature of its inputs (see the module)."""
+    """What a chain's call does for one stride signature of its inputs (see the module).
 
-    owned: list[tuple[str, tuple[int, ...], Strides, torch.dtype]]  # new tensors, by root name
-    views: list[tuple[str, str, int, tuple[int, ...], Strides]]  # (name, root, offset, ...)
+    ``arrays``: :func:`~fusekit.stitch.codegen.launch.launch_chain`'s arguments after the
+    table of base addresses (the chain's inputs, the ``owned`` tensors, the arena): every
+    kernel's ``argv`` end to end with its addresses left 0, where each address goes, its base
+    (an index into the table) and byte offset, the kernels' chunk and finish entry points,
+    chunk counts and ``argv`` starts.
+    """
+
+    owned: list[tuple[str, tuple[int, ...], Strides, torch.dtype]]  # new tensors, by root
+    returned: list[tuple[str, int]]  # returned owned tensors: (name, index in owned)
+    views: list[tuple[str, bool, int, int, tuple[int, ...], Strides]]  # (name, of an owned
+    # tensor (else of an input), its index, offset, shape, strides)
     arena_bytes: int
-    template: np.ndarray  # int64: every kernel's argv, addresses left 0
-    pos: np.ndarray  # where an address goes in template
-    src: np.ndarray  # its base: index into the call's table (inputs, owned, arena)
-    off: np.ndarray  # its byte offset from the base
-    chunk_fns: np.ndarray
-    finish_fns: np.ndarray
-    n_chunks: np.ndarray
-    starts: np.ndarray
-    arena: torch.Tensor | None = None
-    lock: threading.Lock | None = None
+    arrays: tuple[np.ndarray, ...]
+    arena: torch.Tensor | None
+    lock: threading.Lock
 
 
 class Chain:
@@ -99,15 +114,19 @@ class Chain:
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The chain's outputs read after it, by one launch where its program allows."""
+        launch = _launch or _launch_module()
         ext = [values[t] for t in self.inputs]
-        key = (numba.get_num_threads(), *(x.stride() for x in ext))  # chunks follow threads
-        try:
+        key = (launch.threads(), *[x.stride() for x in ext])  # chunk counts follow threads
+        if key in self.programs:
             program = self.programs[key]
-        except KeyError:
+        else:
             program = self.programs[key] = self._program([x.stride() for x in ext])
-        if program is None or not all(x.is_cpu for x in ext):
+        if program is None:
             return self.each(values)
-        return self._run(program, ext)
+        for x in ext:
+            if not x.is_cpu:
+                return self.each(values)  # the kernels raise their error
+        return self._run(program, ext, launch.launch_chain)
 
     def each(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reference: every kernel called in turn."""
@@ -116,33 +135,24 @@ class Chain:
             env.update(k(env))
         return {t: env[t] for t in self.returns}
 
-    def _run(self, p: Program, ext: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        from fusekit.stitch.codegen.launch import launch_chain
-
-        owned = {name: torch.empty_strided(shape, step, dtype=dtype)
-                 for name, shape, step, dtype in p.owned}  # fmt: skip
+    def _run(self, p: Program, ext: list[torch.Tensor], run: Any) -> dict[str, torch.Tensor]:
+        owned = [empty_strided_cpu(shape, step, dtype) for _, shape, step, dtype in p.owned]
+        ptrs = [x.data_ptr() for x in ext]
+        ptrs += [o.data_ptr() for o in owned]
         lock = p.lock
-        arena = p.arena
-        mine = lock is not None and lock.acquire(blocking=False)
-        if not mine:  # another thread runs this program: a fresh arena for this call
-            arena = torch.empty(p.arena_bytes, dtype=torch.uint8)
-        try:
-            table = np.array(
-                [*(x.data_ptr() for x in ext), *(o.data_ptr() for o in owned.values()),
-                 arena.data_ptr() if arena is not None else 0],
-                dtype=np.int64,
-            )  # fmt: skip
-            launch_chain(table, p.template, p.pos, p.src, p.off, p.chunk_fns, p.finish_fns,
-                         p.n_chunks, p.starts)  # fmt: skip
-        finally:
-            if mine:
-                assert lock is not None
+        if lock.acquire(blocking=False):
+            try:
+                ptrs.append(p.arena.data_ptr() if p.arena is not None else 0)
+                run(np.array(ptrs, dtype=np.int64), *p.arrays)
+            finally:
                 lock.release()
-        bases = {**dict(zip(self.inputs, ext, strict=True)), **owned}
-        out = {name: owned[name] for name in self.returns if name in owned}
-        for name, root, offset, shape, step in p.views:
-            x = bases[root]
-            out[name] = torch.as_strided(x, shape, step, x.storage_offset() + offset)
+        else:  # another thread runs this program: a fresh arena for this call
+            arena = torch.empty(p.arena_bytes, dtype=torch.uint8)
+            ptrs.append(arena.data_ptr())
+            run(np.array(ptrs, dtype=np.int64), *p.arrays)
+        out = {name: owned[i] for name, i in p.returned}
+        for name, from_owned, i, offset, shape, step in p.views:
+            out[name] = reinterpret_tensor(owned[i] if from_owned else ext[i], shape, step, offset)
         return out
 
     def _program(self, given: Sequence[Strides]) -> Program | None:
@@ -223,16 +233,21 @@ class Chain:
                 off.append(extra)
                 template.append(0)
             template.extend([*k._trips, k.chunks()])
-        views = [(t, placed[t].root, placed[t].offset, placed[t].shape, placed[t].strides)
-                 for t in self.returns if placed[t].root != t]  # fmt: skip
-
-        def i64(xs: list[int]) -> np.ndarray:
-            return np.array(xs, dtype=np.int64)
-
+        index = {t: n for n, (t, *_) in enumerate(owned)}
+        inputs = {t: n for n, t in enumerate(self.inputs)}
+        views = []
+        for t in self.returns:
+            where = placed[t]
+            if where.root != t:
+                of_owned = where.root in index
+                n = index[where.root] if of_owned else inputs[where.root]
+                views.append((t, of_owned, n, where.offset, where.shape, where.strides))
+        returned = [(t, index[t]) for t in self.returns if placed[t].root == t]
+        arrays = tuple(np.array(xs, dtype=np.int64)
+                       for xs in (template, pos, bases, off, chunk_fns, finish_fns, n_chunks,
+                                  starts))  # fmt: skip
         return Program(
-            owned=owned, views=views, arena_bytes=arena_bytes, template=i64(template),
-            pos=i64(pos), src=i64(bases), off=i64(off), chunk_fns=i64(chunk_fns),
-            finish_fns=i64(finish_fns), n_chunks=i64(n_chunks), starts=i64(starts),
+            owned=owned, returned=returned, views=views, arena_bytes=arena_bytes, arrays=arrays,
             arena=torch.empty(arena_bytes, dtype=torch.uint8) if arena_bytes else None,
             lock=threading.Lock(),
         )  # fmt: skip

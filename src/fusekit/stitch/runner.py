@@ -384,9 +384,16 @@ class PlannedGraph:
                              f"{dtype}{list(got.shape)}; plan again for new shapes")
                 )  # fmt: skip
 
-    def run(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run every kernel in plan order; return the graph's outputs by name."""
-        self.check(values)
+    def run(
+        self, values: Mapping[str, torch.Tensor], check: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """Run every kernel in plan order; return the graph's outputs by name.
+
+        ``check=False``: the caller guarantees the planned shapes and dtypes (dynamo's guards
+        do), so :meth:`check`, microseconds per input, is skipped.
+        """
+        if check:
+            self.check(values)
         env: dict[str, torch.Tensor] = {**self.constants, **values}
         steps = self.steps
         for kernel, drops in steps or zip(self.kernels, self._drops, strict=True):
@@ -410,14 +417,15 @@ class PlannedGraph:
     def _chained(self) -> list[tuple[Kernel, tuple[str, ...]]]:
         """The steps of a call, chained.
 
-        Each run of two chainable kernels or more (:func:`_chainable`), one of them a CPU
-        kernel, is one :class:`Chain`; every other kernel runs alone.
+        Each run of chainable kernels (:func:`_chainable`) holding a CPU kernel is one
+        :class:`Chain` (one kernel too: a chain's call costs less Python than the kernel's);
+        every other kernel runs alone.
         """
         steps: list[tuple[Kernel, tuple[str, ...]]] = []
         run: list[tuple[CpuKernel | LayoutViews, tuple[str, ...]]] = []
 
         def flush(end: int) -> None:
-            if len(run) >= 2 and any(isinstance(k, CpuKernel) for k, _ in run):
+            if any(isinstance(k, CpuKernel) for k, _ in run):
                 after = {t for names in self._reads[end:] for t in names} | set(self.graph.outputs)
                 drops = tuple(sorted({d for _, names in run for d in names}))
                 steps.append((Chain([k for k, _ in run], after), drops))

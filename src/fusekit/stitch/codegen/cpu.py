@@ -59,12 +59,31 @@ from fusekit.stitch.codegen.render import (
 )
 from fusekit.stitch.schemes import Layout, Role, RowStep, Stage
 
-try:  # Inductor's allocator of CPU outputs: a third of torch.empty's dispatch per tensor
-    from torch._C._dynamo.guards import _empty_strided_cpu as _empty  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older or trimmed torch builds
 
-    def _empty(shape: tuple[int, ...], step: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty_strided(shape, step, dtype=dtype)
+def _torch_empty(shape: tuple[int, ...], step: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(shape, step, dtype=dtype)
+
+
+def _torch_view(
+    x: torch.Tensor, shape: tuple[int, ...], step: tuple[int, ...], offset: int
+) -> torch.Tensor:
+    return torch.as_strided(x, shape, step, x.storage_offset() + offset)
+
+
+#: a new CPU tensor ``(shape, strides, dtype)``, and a view of a tensor's storage ``(x, shape,
+#: strides, offset past x's)``: what Inductor's wrappers call, half the Python of
+#: ``torch.empty_strided`` and ``torch.as_strided``
+empty_strided_cpu: Callable[..., torch.Tensor] = _torch_empty
+reinterpret_tensor: Callable[..., torch.Tensor] = _torch_view
+try:
+    from torch._C._dynamo.guards import (  # type: ignore[attr-defined]
+        _empty_strided_cpu,
+        _reinterpret_tensor,
+    )
+
+    empty_strided_cpu, reinterpret_tensor = _empty_strided_cpu, _reinterpret_tensor
+except ImportError:  # pragma: no cover - older or trimmed torch builds
+    pass
 
 
 _FUNCTIONS = {
@@ -743,10 +762,10 @@ def compile_source(source: str, interleave: int = 0) -> tuple[int, int]:
     ``-force-vector-interleave`` during the compilation. The first call also loads the
     launchers (:mod:`.launch`) that run them.
     """
-    global _launch, _launch_serial
+    global _launch, _launch_serial, _threads
     from fusekit.stitch.codegen import launch
 
-    _launch, _launch_serial = launch.launch, launch.launch_serial
+    _launch, _launch_serial, _threads = launch.launch, launch.launch_serial, launch.threads
     module = compile_module(source, interleave)
     return launch.address(module.chunk), launch.address(module.finish)
 
@@ -754,6 +773,8 @@ def compile_source(source: str, interleave: int = 0) -> tuple[int, int]:
 #: :func:`.launch.launch` and :func:`.launch.launch_serial`, bound by :func:`compile_source`
 _launch: Callable[..., None] | None = None
 _launch_serial: Callable[..., None] | None = None
+#: numba's thread count (:func:`.launch.threads`), bound with them
+_threads: Callable[[], int] = numba.get_num_threads
 
 
 #: stride signatures of its inputs one kernel compiles a variant for; inputs of further ones are
@@ -942,7 +963,7 @@ class CpuKernel:
 
     def chunks(self) -> int:
         """The chunks a call splits the rows into: one per thread of numba's pool."""
-        return 1 if self.serial else max(1, min(self._rows, numba.get_num_threads()))
+        return 1 if self.serial else max(1, min(self._rows, _threads()))
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
@@ -966,7 +987,7 @@ class CpuKernel:
         # the kernel takes data addresses; outputs allocated by torch in their shapes (the
         # tensors outlive the call), or the inputs written in place
         out = {
-            t: values[into[t]] if t in into else _empty(shape, step, dtype)
+            t: values[into[t]] if t in into else empty_strided_cpu(shape, step, dtype)
             for t, shape, step, dtype in variant.outs
         }
         chunks = self.chunks()

@@ -26,6 +26,7 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
+from numba.np.ufunc import parallel as _parallel
 
 #: A kernel's chunk and finish: ``(chunk index, address of its int64 argument array) -> None``.
 CHUNK = types.void(types.int64, types.int64)
@@ -111,3 +112,12 @@ def launch_chain(table, template, pos, src, off, chunks, finishes, n_chunks, sta
             for c in numba.prange(n):
                 _call(fn, np.int64(c), addr)  # type: ignore[call-arg]
         _call(finishes[k], n, addr)  # type: ignore[call-arg]
+
+
+def threads() -> int:
+    """``numba.get_num_threads()`` for the calling thread, without its Python (2 us a call)."""
+    n = int(_parallel._get_num_threads())  # type: ignore[attr-defined]
+    return n if n > 0 else int(numba.get_num_threads())
+
+
+numba.get_num_threads()  # starts the pool, binding _parallel._get_num_threads
