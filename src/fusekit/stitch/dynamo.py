@@ -279,16 +279,29 @@ class StitchedGraph:
         planned = PlannedGraph(p, cap.constants, backend, strides=_strides(gm, cap.graph),
                                writes=writes)  # fmt: skip
         n_user = len(outs) - len(copies)
+        # what a call does, worked out once (a call costs microseconds per line of Python):
+        # the graph's inputs by argument position, each returned slot a graph output by name
+        # or an int/None returned as is
+        positions = [k for k, a in enumerate(inputs) if isinstance(a, torch.Tensor)]
+        given = cap.graph.inputs
+        by_position = len(positions) == len(given)
+        values = iter(names)
+        slots = [
+            (True, next(values)) if t else (False, o) for t, o in zip(tensor, outs, strict=True)
+        ]
+        slots = slots[:n_user]
 
         def run(args: list[Any]) -> list[Any]:
             # dynamo's guards hold shapes and dtypes to this signature's: no check
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            got = planned.run(cap.values(*tensors), check=False)
+            if by_position:
+                bound = dict(zip(given, [args[k] for k in positions], strict=True))
+            else:
+                bound = cap.values(*(a for a in args if isinstance(a, torch.Tensor)))
+            got = planned.run(bound, check=False)
             for out, k in copied:  # AOTAutograd's copy_ of a mutated input, unless done
                 if got[out] is not args[k]:
                     args[k].copy_(got[out])
-            values = iter(got[n] for n in names)
-            return [next(values) if t else o for t, o in zip(tensor, outs, strict=True)][:n_user]
+            return [got[x] if t else x for t, x in slots]
 
         return _Planned(run=run, plan=p, compiled=planned)
 
