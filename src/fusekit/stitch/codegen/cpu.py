@@ -6,6 +6,9 @@ compiled once for every kernel: numba's ``parallel=True`` pipeline would cost ea
 about a second more to compile)::
 
     def chunk(c, argv):                           # launch: for c in prange(n_chunks)
+        rows(c, n_chunks, E2, in_X, out_Y, part_G)  # argv unpacked: trip counts, arrays
+
+    def rows(c, n_chunks, E2, in_X, ...):         # compiled noalias (.noalias)
         buf_Y = np.empty(Q)                       # regional: row buffers, reused per row
         col_G[:] = identity                       # global: this chunk's partials
         for p in rows of chunk c:
@@ -596,7 +599,9 @@ class _Emitter:
         # "numpy": a float division by zero gives inf/nan (as in torch), with no exception
         # branch in the loop to stop its vectorisation
         options = f"nogil=True, cache=True, fastmath={flags}, error_model='numpy'"
-        jit = f"@numba.njit(CHUNK, {options})"
+        # called through their C entry points only (launch.address): no Python wrapper to
+        # generate (a tenth of a kernel's compile time)
+        jit = f"@numba.njit(CHUNK, {options}, no_cpython_wrapper=True)"
         self.emit(0, "CHUNK = numba.void(numba.int64, numba.int64)")
         # the rows of a chunk, a function of the arrays themselves (distinct allocations, an
         # output written in place spelled as its input): compiled with noalias (see .noalias),
@@ -607,7 +612,8 @@ class _Emitter:
         params = ", ".join(["c", "n_chunks", *trips, *arrays])
         self.emit(0, "")
         self.emit(0, "")
-        self.emit(0, f"@numba.njit({options}, noalias=True)")
+        rows = f"{options}, noalias=True, no_cpython_wrapper=True, no_cfunc_wrapper=True"
+        self.emit(0, f"@numba.njit({rows})")
         self.emit(0, f"def rows({params}):")
         for t, source in self.alias.items():
             if f"out_{t}" in outs:
