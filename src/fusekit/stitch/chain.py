@@ -73,11 +73,11 @@ class Placed:
 class Program:
     """What a chain's call does for one stride signature of its inputs (see the module).
 
-    ``arrays``: :func:`~fusekit.stitch.codegen.launch.launch_chain`'s arguments after the
-    table of base addresses (the chain's inputs, the ``owned`` tensors, the arena): every
-    kernel's ``argv`` end to end with its addresses left 0, where each address goes, its base
-    (an index into the table) and byte offset, the kernels' chunk and finish entry points,
-    chunk counts and ``argv`` starts.
+    ``template``: every kernel's ``argv`` end to end with its addresses left 0 (a call fills
+    a copy). ``arrays``: :func:`~fusekit.stitch.codegen.launch.launch_chain`'s arguments after
+    the table of base addresses (the chain's inputs, the ``owned`` tensors, the arena) and the
+    copy: where each address goes, its base (an index into the table) and byte offset, the
+    kernels' chunk and finish entry points, chunk counts and ``argv`` starts.
     """
 
     owned: list[tuple[str, tuple[int, ...], Strides, torch.dtype]]  # new tensors, by root
@@ -85,6 +85,7 @@ class Program:
     views: list[tuple[str, bool, int, int, tuple[int, ...], Strides]]  # (name, of an owned
     # tensor (else of an input), its index, offset, shape, strides)
     arena_bytes: int
+    template: np.ndarray
     arrays: tuple[np.ndarray, ...]
     arena: torch.Tensor | None
     lock: threading.Lock
@@ -143,13 +144,13 @@ class Chain:
         if lock.acquire(blocking=False):
             try:
                 ptrs.append(p.arena.data_ptr() if p.arena is not None else 0)
-                run(np.array(ptrs, dtype=np.int64), *p.arrays)
+                run(np.array(ptrs, dtype=np.int64), p.template.copy(), *p.arrays)
             finally:
                 lock.release()
         else:  # another thread runs this program: a fresh arena for this call
             arena = torch.empty(p.arena_bytes, dtype=torch.uint8)
             ptrs.append(arena.data_ptr())
-            run(np.array(ptrs, dtype=np.int64), *p.arrays)
+            run(np.array(ptrs, dtype=np.int64), p.template.copy(), *p.arrays)
         out = {name: owned[i] for name, i in p.returned}
         for name, from_owned, i, offset, shape, step in p.views:
             out[name] = reinterpret_tensor(owned[i] if from_owned else ext[i], shape, step, offset)
@@ -243,11 +244,11 @@ class Chain:
                 n = index[where.root] if of_owned else inputs[where.root]
                 views.append((t, of_owned, n, where.offset, where.shape, where.strides))
         returned = [(t, index[t]) for t in self.returns if placed[t].root == t]
-        arrays = tuple(np.array(xs, dtype=np.int64)
-                       for xs in (template, pos, bases, off, chunk_fns, finish_fns, n_chunks,
-                                  starts))  # fmt: skip
+        lists = (pos, bases, off, chunk_fns, finish_fns, n_chunks, starts)
+        arrays = tuple(np.array(xs, dtype=np.int64) for xs in lists)
         return Program(
-            owned=owned, returned=returned, views=views, arena_bytes=arena_bytes, arrays=arrays,
+            owned=owned, returned=returned, views=views, arena_bytes=arena_bytes,
+            template=np.array(template, dtype=np.int64), arrays=arrays,
             arena=torch.empty(arena_bytes, dtype=torch.uint8) if arena_bytes else None,
             lock=threading.Lock(),
         )  # fmt: skip

@@ -91,14 +91,15 @@ _CHAIN = types.void(
 
 
 @numba.njit(_CHAIN, parallel=True, cache=True)
-def launch_chain(table, template, pos, src, off, chunks, finishes, n_chunks, starts):  # type: ignore[no-untyped-def]
+def launch_chain(table, argv, pos, src, off, chunks, finishes, n_chunks, starts):  # type: ignore[no-untyped-def]
     """Kernels one after another, each as :func:`launch` runs one (one chunk: on this thread).
 
-    Their ``argv`` arrays lie end to end in a copy of ``template`` (kernel ``k``'s from
-    ``starts[k]``), whose addresses are filled in first: ``argv[pos[i]] = table[src[i]] +
-    off[i]`` (``table``: this call's base addresses; ``off``: byte offsets from them).
+    Their ``argv`` arrays lie end to end in ``argv`` (kernel ``k``'s from ``starts[k]``), a
+    copy of the program's template that the caller holds (a local copy would be freed after
+    its last use in this function, before the kernels read it), whose addresses are filled in
+    first: ``argv[pos[i]] = table[src[i]] + off[i]`` (``table``: this call's base addresses;
+    ``off``: byte offsets from them).
     """
-    argv = template.copy()
     for i in range(pos.size):
         argv[pos[i]] = table[src[i]] + off[i]
     base = np.int64(argv.ctypes.data)
