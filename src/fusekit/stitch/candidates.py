@@ -288,7 +288,11 @@ def enumerate_candidates(
 #: Most full-size arrays (inputs and outputs as large as the iteration space) one merged kernel
 #: streams. Past the 8 ways of an L1 set, rows of arrays that sit at the same offset in their
 #: pages (every large allocation) evict each other between the stages of a row: a kernel
-#: stitching two LayerNorm backwards (9 such arrays) ran 7x slower per byte than one (4).
+#: stitching two LayerNorm backwards (9 such arrays) ran 7x slower per byte than one (4). That
+#: was measured before the row loops were compiled noalias (codegen/noalias.py), when LLVM
+#: vectorised a loop over many arrays only behind run-time overlap checks, so part of it may
+#: have been scalar code. With noalias, merging GPT-2's and Llama's residual streams past this
+#: limit (up to 66 arrays) was not faster, so the limit stays.
 MAX_STREAMS = 8
 
 
