@@ -136,7 +136,10 @@ def test_calls_from_two_threads_at_once_are_each_right(target):
     assert not errors
 
 
-@pytest.mark.parametrize("name", ["bert", "layernorm_bwd", "bias_dropout_res_ln"])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("bert", marks=pytest.mark.slow), "layernorm_bwd", "bias_dropout_res_ln"],
+)
 def test_workloads_chained_equal_their_kernels_in_turn(name, target):
     w = load_workload(name, small=True)
     cap, planned = _planned(w.module, w.args, target)
