@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -394,23 +394,24 @@ class PlannedGraph:
         """
         if check:
             self.check(values)
-        env: dict[str, torch.Tensor] = {**self.constants, **values}
         steps = self.steps
-        for kernel, drops in steps or zip(self.kernels, self._drops, strict=True):
-            env.update(kernel(env))
-            for name in drops:  # its last reader has run
-                env.pop(name, None)
+        out = self._run_steps(values, steps or zip(self.kernels, self._drops, strict=True))
         if steps is None:
             self.steps = self._chained()
-        return {name: env[name] for name in self.graph.outputs}
+        return out
 
     def run_each(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reference of :meth:`run`: every kernel called in turn, no :class:`Chain`."""
         self.check(values)
+        return self._run_steps(values, zip(self.kernels, self._drops, strict=True))
+
+    def _run_steps(
+        self, values: Mapping[str, torch.Tensor], steps: Iterable[tuple[Kernel, tuple[str, ...]]]
+    ) -> dict[str, torch.Tensor]:
         env: dict[str, torch.Tensor] = {**self.constants, **values}
-        for kernel, drops in zip(self.kernels, self._drops, strict=True):
+        for kernel, drops in steps:
             env.update(kernel(env))
-            for name in drops:
+            for name in drops:  # its last reader has run
                 env.pop(name, None)
         return {name: env[name] for name in self.graph.outputs}
 

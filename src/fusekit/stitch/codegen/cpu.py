@@ -940,12 +940,24 @@ class CpuKernel:
         """
         pairs = zip(self.layout.inputs, self._contiguous, strict=True)
         key = tuple(strides.get(t, plain) for t, plain in pairs)
+        variant = None if key == self._contiguous else self._variant_for(key)
+        return None if variant is None else variant.code
+
+    def _variant_for(self, key: tuple[tuple[int, ...], ...]) -> _Variant | None:
+        """The variant for inputs of strides ``key``, or ``None`` (such inputs are copied).
+
+        Made before, or generated now when there is room for one more (:data:`MAX_VARIANTS`)
+        and each input is read in place (:func:`_readable_strides`).
+        """
+        variant = self._variants.get(key)
+        if variant is not None:
+            return variant
         shapes = [static_shape(self.graph, t) for t in self.layout.inputs]
-        if key == self._contiguous or len(self._variants) >= MAX_VARIANTS:
+        if len(self._variants) >= MAX_VARIANTS or not all(
+            _readable_strides(n, st) for n, st in zip(shapes, key, strict=True)
+        ):
             return None
-        if not all(_readable_strides(n, st) for n, st in zip(shapes, key, strict=True)):
-            return None
-        return self._variant(key).code
+        return self._variant(key)
 
     def compiled_variant(self, key: tuple[tuple[int, ...], ...]) -> _Variant | None:
         """The compiled variant a call on inputs of strides ``key`` runs.
@@ -953,16 +965,9 @@ class CpuKernel:
         As :meth:`__call__` picks it; ``None`` where such a call copies its inputs first or
         writes in place.
         """
-        if self.into:
-            return None
-        variant = self._variants.get(key)
+        variant = None if self.into else self._variant_for(key)
         if variant is None:
-            shapes = [static_shape(self.graph, t) for t in self.layout.inputs]
-            if len(self._variants) >= MAX_VARIANTS or not all(
-                _readable_strides(n, st) for n, st in zip(shapes, key, strict=True)
-            ):
-                return None
-            variant = self._variant(key)
+            return None
         if variant.fn is None:
             variant.fn = compile_source(variant.code, self.interleave)
         return variant
@@ -975,13 +980,10 @@ class CpuKernel:
         """Run the kernel on ``values`` (every input of the group) and return its outputs."""
         ins = [_checked_cpu(values[t], t, dtype) for t, dtype in self._ins]
         key = tuple(x.stride() for x in ins)
-        variant = self._variants.get(key)
-        if variant is None:
-            if len(self._variants) < MAX_VARIANTS and _readable(ins):
-                variant = self._variant(key)
-            else:  # copies in contiguous memory
-                ins = [x.contiguous() for x in ins]
-                variant = self._default
+        variant = self._variant_for(key)
+        if variant is None:  # copies in contiguous memory
+            ins = [x.contiguous() for x in ins]
+            variant = self._default
         into = self.into if self.into and variant is self._default else {}
         if into and not self._writable(into, values, ins):
             into = {}
@@ -1047,19 +1049,15 @@ def _misread(source: str, alias: Mapping[str, str]) -> set[str]:
     return bad
 
 
-def _readable(ins: list[torch.Tensor]) -> bool:
-    """Whether every input is read in place: rows contiguous, non-negative strides, not empty.
+def _readable_strides(shape: tuple[int, ...], step: tuple[int, ...]) -> bool:
+    """Whether a kernel reads an input of ``shape`` and strides ``step`` in place.
 
+    Rows contiguous, non-negative strides, not empty.
     A transpose of leading dims (attention's gradients) or a slice of the last one keeps each
     row contiguous, and the vector loop streams it; an input whose last dim is strided (a
     transpose of the last two) would be gathered element by element, slower than torch's
     blocked copy followed by a contiguous kernel.
     """
-    return all(_readable_strides(tuple(x.shape), x.stride()) for x in ins)
-
-
-def _readable_strides(shape: tuple[int, ...], step: tuple[int, ...]) -> bool:
-    """:func:`_readable` for one tensor of ``shape`` and strides ``step``."""
     if len(step) != len(shape) or math.prod(shape) == 0 or min(step, default=0) < 0:
         return False
     plain = tuple(strides(shape))
