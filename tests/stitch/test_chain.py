@@ -99,7 +99,8 @@ def test_other_input_strides_make_another_program_or_run_each_kernel(target):
     assert any(p is None for p in chain.programs.values())
 
 
-def test_a_new_thread_count_makes_a_program_of_its_chunks(target):
+def test_a_new_thread_count_makes_a_program_of_its_chunks(target, monkeypatch):
+    monkeypatch.setattr("fusekit.stitch.codegen.cpu.SERIAL_MAX_BYTES", 0)  # parallel kernels
     args = _args()
     cap, planned = _planned(Residuals(), args, target)
     want = planned.run(cap.values(*args))
@@ -113,7 +114,23 @@ def test_a_new_thread_count_makes_a_program_of_its_chunks(target):
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-6)
     (chain,) = _chains(planned)
+    assert not chain.serial
     assert {key[0] for key in chain.programs} == {1} | ({before} if before != 1 else set())
+
+
+def test_a_serial_chain_keeps_its_program_across_thread_counts(target):
+    args = _args()
+    cap, planned = _planned(Residuals(), args, target)  # small: every kernel runs serially
+    planned.run(cap.values(*args))
+    planned.run(cap.values(*args))
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        planned.run(cap.values(*args))
+    finally:
+        numba.set_num_threads(before)
+    (chain,) = _chains(planned)
+    assert chain.serial and len(chain.programs) == 1
 
 
 def test_calls_from_two_threads_at_once_are_each_right(target):

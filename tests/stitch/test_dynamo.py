@@ -422,3 +422,57 @@ def test_a_write_in_place_waits_for_the_readers_of_the_inputs_views():
         torch.testing.assert_close(torch.compile(mutate, backend="fusekit")(got_x, y),
                                    mutate(want_x, y))  # fmt: skip
     torch.testing.assert_close(got_x, want_x)
+
+
+def _count_general_runs(monkeypatch) -> list[int]:
+    """A list that grows by one at each call through ``PlannedGraph.run`` (the general path)."""
+    from fusekit.stitch.runner import PlannedGraph
+
+    calls: list[int] = []
+    real = PlannedGraph.run
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PlannedGraph, "run", counted)
+    return calls
+
+
+def test_a_graph_of_one_chain_runs_straight_from_its_arguments(compiled_graphs, monkeypatch):
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.view(-1), torch.nn.functional.silu(x) * y, (x * y).sum(-1)
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    compiled = torch.compile(f, backend="fusekit")
+    calls = _count_general_runs(monkeypatch)
+    with torch.no_grad():
+        for k in range(4):  # new values each call: nothing is cached across calls
+            got, want = compiled(x + k, y - k), f(x + k, y - k)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    (graph,) = compiled_graphs
+    (step,) = graph._static.compiled.steps
+    assert type(step[0]).__name__ == "Chain"
+    assert len(calls) == 1  # the first call settles the plan and chains it; then straight
+
+
+def test_a_backward_of_one_chain_returns_none_for_inputs_without_gradient(
+    compiled_graphs, monkeypatch
+):
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * w).sum()
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=g)
+    compiled = torch.compile(f, backend="fusekit")
+    calls = _count_general_runs(monkeypatch)
+    for k in range(4):
+        w = torch.randn(16, generator=g, requires_grad=True)
+        want_w = w.detach().clone().requires_grad_()
+        compiled(x, w).backward()
+        f(x, want_w).backward()
+        torch.testing.assert_close(w.grad, want_w.grad, rtol=1e-5, atol=1e-6)
+    assert len(compiled_graphs) == 2  # forward and backward
+    assert len(calls) == 2  # the first of each; then straight

@@ -16,7 +16,9 @@ works out once what every call would (a :class:`Program`):
 - one ``argv`` array per kernel, end to end, with the addresses left to fill.
 
 A call then allocates the tensors read after the chain, fills the addresses and runs every
-kernel by one call of :func:`~fusekit.stitch.codegen.launch.launch_chain`. A signature whose
+kernel by one call of :func:`~fusekit.stitch.codegen.launch.launch_chain`. A plan that is one
+chain is called straight from dynamo's argument list (:meth:`Chain.caller`): a region of a few
+small ops costs tens of microseconds of Python a call, as much as its kernels. A signature whose
 calls some kernel would not make as planned (an input it copies first, a group of layout ops
 that is not a view) runs the kernels one by one, as the reference does: :meth:`Chain.each`.
 """
@@ -24,9 +26,8 @@ that is not a view) runs the kernels one by one, as the reference does: :meth:`C
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,22 +74,66 @@ class Placed:
 class Program:
     """What a chain's call does for one stride signature of its inputs (see the module).
 
-    ``template``: every kernel's ``argv`` end to end with its addresses left 0 (a call fills
-    a copy). ``arrays``: :func:`~fusekit.stitch.codegen.launch.launch_chain`'s arguments after
-    the table of base addresses (the chain's inputs, the ``owned`` tensors, the arena) and the
-    copy: where each address goes, its base (an index into the table) and byte offset, the
-    kernels' chunk and finish entry points, chunk counts and ``argv`` starts.
+    ``owned``: the new tensors of a call (name, shape, strides, dtype). ``outs``: per return
+    of the chain, in order, whether it is (a view of) an owned tensor, else of an input, that
+    tensor's index, and the view (offset, shape, strides), ``None`` for the tensor itself.
+    ``template``: every kernel's ``argv`` end to end with its addresses left 0. ``plan``:
+    :func:`~fusekit.stitch.codegen.launch.launch_chain`'s argument after the table of base
+    addresses (the chain's inputs, the owned tensors, the arena) and ``argv``: where each
+    address goes, its base (an index into the table) and byte offset, the kernels' chunk and
+    finish entry points, chunk counts and ``argv`` starts. ``free``: call states not in use.
     """
 
-    owned: list[tuple[str, tuple[int, ...], Strides, torch.dtype]]  # new tensors, by root
-    returned: list[tuple[str, int]]  # returned owned tensors: (name, index in owned)
-    views: list[tuple[str, bool, int, int, tuple[int, ...], Strides]]  # (name, of an owned
-    # tensor (else of an input), its index, offset, shape, strides)
+    owned: list[tuple[str, tuple[int, ...], Strides, torch.dtype]]
+    outs: list[tuple[bool, int, tuple[int, tuple[int, ...], Strides] | None]]
     arena_bytes: int
     template: np.ndarray
-    arrays: tuple[np.ndarray, ...]
+    plan: np.ndarray
+    n_inputs: int
+    free: list[_State] = field(default_factory=list)
+
+    def run(self, ext: Sequence[torch.Tensor], launch_chain: Any) -> list[torch.Tensor]:
+        """One call on the chain's inputs ``ext``: the chain's returns, in order."""
+        owned = [empty_strided_cpu(shape, step, dtype) for _, shape, step, dtype in self.owned]
+        try:
+            state = self.free.pop()
+        except IndexError:  # the first call, or others run this program now
+            state = self.state()
+        state.table[: self.n_inputs + len(owned)] = [*map(_data_ptr, ext), *map(_data_ptr, owned)]
+        launch_chain(state.table, state.argv, self.plan)
+        self.free.append(state)
+        return [
+            (owned[i] if of_owned else ext[i])
+            if view is None
+            else reinterpret_tensor(owned[i] if of_owned else ext[i], view[1], view[2], view[0])
+            for of_owned, i, view in self.outs
+        ]
+
+    def state(self) -> _State:
+        """A new call state: its own arena, address table and ``argv``."""
+        arena = torch.empty(self.arena_bytes, dtype=torch.uint8) if self.arena_bytes else None
+        table = np.zeros(self.n_inputs + len(self.owned) + 1, dtype=np.int64)
+        table[-1] = arena.data_ptr() if arena is not None else 0
+        return _State(table, self.template.copy(), arena)
+
+
+@dataclass
+class _State:
+    """What one running call of a :class:`Program` holds alone.
+
+    ``table``: the base addresses (the arena's last, filled once); ``argv``: the kernels'
+    arguments, which :func:`~fusekit.stitch.codegen.launch.launch_chain` fills in place (the
+    state keeps it alive while the kernels read it); ``arena``: the bytes of the chain's
+    intermediates. Concurrent calls of a program each take a state of their own.
+    """
+
+    table: np.ndarray
+    argv: np.ndarray
     arena: torch.Tensor | None
-    lock: threading.Lock
+
+
+_data_ptr = torch.Tensor.data_ptr
+_stride = torch.Tensor.stride
 
 
 class Chain:
@@ -111,23 +156,18 @@ class Chain:
             produced.update(_writes(k))
         self.inputs = inputs
         self.returns = [t for t in sorted(produced) if t in after]
+        #: every kernel runs on the calling thread: programs need not follow the thread count
+        self.serial = all(k.serial for k in self.kernels if isinstance(k, CpuKernel))
         self.programs: dict[tuple[Any, ...], Program | None] = {}
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The chain's outputs read after it, by one launch where its program allows."""
         launch = _launch or _launch_module()
         ext = [values[t] for t in self.inputs]
-        key = (launch.threads(), *[x.stride() for x in ext])  # chunk counts follow threads
-        if key in self.programs:
-            program = self.programs[key]
-        else:
-            program = self.programs[key] = self._program([x.stride() for x in ext])
-        if program is None:
-            return self.each(values)
-        for x in ext:
-            if not x.is_cpu:
-                return self.each(values)  # the kernels raise their error
-        return self._run(program, ext, launch.launch_chain)
+        program = self.program(ext, launch)
+        if program is None or not all(x.is_cpu for x in ext):
+            return self.each(values)  # a kernel copies an input first, or raises its error
+        return dict(zip(self.returns, program.run(ext, launch.launch_chain), strict=True))
 
     def each(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reference: every kernel called in turn."""
@@ -136,25 +176,52 @@ class Chain:
             env.update(k(env))
         return {t: env[t] for t in self.returns}
 
-    def _run(self, p: Program, ext: list[torch.Tensor], run: Any) -> dict[str, torch.Tensor]:
-        owned = [empty_strided_cpu(shape, step, dtype) for _, shape, step, dtype in p.owned]
-        ptrs = [x.data_ptr() for x in ext]
-        ptrs += [o.data_ptr() for o in owned]
-        lock = p.lock
-        if lock.acquire(blocking=False):
-            try:
-                ptrs.append(p.arena.data_ptr() if p.arena is not None else 0)
-                run(np.array(ptrs, dtype=np.int64), p.template.copy(), *p.arrays)
-            finally:
-                lock.release()
-        else:  # another thread runs this program: a fresh arena for this call
-            arena = torch.empty(p.arena_bytes, dtype=torch.uint8)
-            ptrs.append(arena.data_ptr())
-            run(np.array(ptrs, dtype=np.int64), p.template.copy(), *p.arrays)
-        out = {name: owned[i] for name, i in p.returned}
-        for name, from_owned, i, offset, shape, step in p.views:
-            out[name] = reinterpret_tensor(owned[i] if from_owned else ext[i], shape, step, offset)
-        return out
+    def program(self, ext: Sequence[torch.Tensor], launch: Any) -> Program | None:
+        """The program for inputs ``ext`` (made at its signature's first call), or ``None``."""
+        key = (0 if self.serial else launch.threads(), *map(_stride, ext))  # chunks follow threads
+        try:
+            return self.programs[key]
+        except KeyError:
+            program = self.programs[key] = self._program([x.stride() for x in ext])
+            return program
+
+    def caller(
+        self, sources: Sequence[int | torch.Tensor], outputs: Sequence[str | int]
+    ) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        """The chain as a function of an argument list: for a graph that is this chain alone.
+
+        Args:
+            sources: per input of the chain, its position in the argument list, or a tensor
+                (a constant of the plan).
+            outputs: what the call gives back, in order: a return of the chain by name, or
+                an argument (its position) as it is.
+
+        The call skips what the caller's guards already hold (every argument a CPU tensor of
+        the planned shape and dtype, as dynamo's do) and the dictionaries of :meth:`__call__`.
+        """
+        launch = _launch_module()
+        run = launch.launch_chain
+        pick = [
+            (False, self.returns.index(t)) if isinstance(t, str) else (True, t) for t in outputs
+        ]
+        same = pick == [(False, i) for i in range(len(self.returns))]
+        positions = [s for s in sources if isinstance(s, int)]
+        fixed = None if len(positions) == len(sources) else list(sources)
+
+        def call(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            if fixed is None:
+                ext = [args[k] for k in positions]
+            else:
+                ext = [args[s] if isinstance(s, int) else s for s in fixed]
+            program = self.program(ext, launch)
+            if program is None:
+                out = self.each(dict(zip(self.inputs, ext, strict=True)))
+                got = [out[t] for t in self.returns]
+            else:
+                got = program.run(ext, run)
+            return got if same else [args[i] if given else got[i] for given, i in pick]
+
+        return call
 
     def _program(self, given: Sequence[Strides]) -> Program | None:
         """The program for inputs of strides ``given``, or ``None`` (run :meth:`each`)."""
@@ -236,21 +303,18 @@ class Chain:
             template.extend([*k._trips, k.chunks()])
         index = {t: n for n, (t, *_) in enumerate(owned)}
         inputs = {t: n for n, t in enumerate(self.inputs)}
-        views = []
+        returns: list[tuple[bool, int, tuple[int, tuple[int, ...], Strides] | None]] = []
         for t in self.returns:
             where = placed[t]
-            if where.root != t:
-                of_owned = where.root in index
-                n = index[where.root] if of_owned else inputs[where.root]
-                views.append((t, of_owned, n, where.offset, where.shape, where.strides))
-        returned = [(t, index[t]) for t in self.returns if placed[t].root == t]
-        lists = (pos, bases, off, chunk_fns, finish_fns, n_chunks, starts)
-        arrays = tuple(np.array(xs, dtype=np.int64) for xs in lists)
+            of_owned = where.root in index
+            n = index[where.root] if of_owned else inputs[where.root]
+            view = None if where.root == t else (where.offset, where.shape, where.strides)
+            returns.append((of_owned, n, view))
+        launch = _launch_module()
         return Program(
-            owned=owned, returned=returned, views=views, arena_bytes=arena_bytes,
-            template=np.array(template, dtype=np.int64), arrays=arrays,
-            arena=torch.empty(arena_bytes, dtype=torch.uint8) if arena_bytes else None,
-            lock=threading.Lock(),
+            owned=owned, outs=returns, arena_bytes=arena_bytes,
+            template=np.array(template, dtype=np.int64), n_inputs=len(inputs),
+            plan=launch.chain_plan(pos, bases, off, chunk_fns, finish_fns, n_chunks, starts),
         )  # fmt: skip
 
 

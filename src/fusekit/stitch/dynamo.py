@@ -210,6 +210,16 @@ def _strides(gm: torch.fx.GraphModule, graph: Graph) -> dict[str, tuple[int, ...
     return out
 
 
+def _merged(values: list[Any], slots: Sequence[tuple[bool, Any]]) -> list[Any]:
+    """The graph's returns: ``values`` (its tensor outputs) merged into ``slots``.
+
+    ``slots``: per return, ``(True, name)`` where a tensor output goes, in order, else
+    ``(False, constant)`` (an int or ``None``).
+    """
+    it = iter(values)
+    return [next(it) if t else x for t, x in slots]
+
+
 class StitchedGraph:
     """An ATen graph with a plan per shape signature; called with AOTAutograd's boxed inputs."""
 
@@ -291,7 +301,7 @@ class StitchedGraph:
         ]
         slots = slots[:n_user]
 
-        def run(args: list[Any]) -> list[Any]:
+        def general(args: list[Any]) -> list[Any]:
             # dynamo's guards hold shapes and dtypes to this signature's: no check
             if by_position:
                 bound = dict(zip(given, [args[k] for k in positions], strict=True))
@@ -303,7 +313,23 @@ class StitchedGraph:
                     args[k].copy_(got[out])
             return [got[x] if t else x for t, x in slots]
 
-        return _Planned(run=run, plan=p, compiled=planned)
+        def first(args: list[Any]) -> list[Any]:
+            # the first call settles the plan's choices and chains its steps; from the next
+            # on, a plan that is one chain runs straight from the argument list
+            out = general(args)
+            direct = None
+            if by_position and not copied:
+                direct = planned.direct({g: positions[j] for j, g in enumerate(given)})
+            if direct is None:
+                result.run = general
+            elif all(t for t, _ in slots):
+                result.run = direct
+            else:
+                result.run = lambda args: _merged(direct(args), slots)
+            return out
+
+        result = _Planned(run=first, plan=p, compiled=planned)
+        return result
 
     def _eager(self, args: list[Any]) -> list[Any]:
         out = self.gm(*args)

@@ -405,6 +405,40 @@ class PlannedGraph:
         self.check(values)
         return self._run_steps(values, zip(self.kernels, self._drops, strict=True))
 
+    def direct(
+        self, positions: Mapping[str, int]
+    ) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
+        """The plan as a function of an argument list, where it is one :class:`Chain`.
+
+        ``positions``: each graph input's position in the list. The function returns the
+        graph's outputs in order and checks nothing (the caller's guards hold the planned
+        shapes, dtypes and device). ``None`` before the first call (which chains the steps)
+        or when the steps are more than one chain, or an output is neither the chain's nor
+        an input.
+        """
+        if self.steps is None or len(self.steps) != 1:
+            return None
+        chain = self.steps[0][0]
+        if not isinstance(chain, Chain):
+            return None
+        outputs: list[str | int] = []
+        for t in self.graph.outputs:
+            if t in chain.returns:
+                outputs.append(t)
+            elif t in positions:
+                outputs.append(positions[t])
+            else:
+                return None
+        sources: list[int | torch.Tensor] = []
+        for t in chain.inputs:
+            if t in positions:
+                sources.append(positions[t])
+            elif t in self.constants:
+                sources.append(self.constants[t])
+            else:
+                return None
+        return chain.caller(sources, outputs)
+
     def _run_steps(
         self, values: Mapping[str, torch.Tensor], steps: Iterable[tuple[Kernel, tuple[str, ...]]]
     ) -> dict[str, torch.Tensor]:

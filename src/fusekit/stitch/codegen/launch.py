@@ -77,42 +77,56 @@ def launch_serial(chunk, finish, argv, n_chunks):  # type: ignore[no-untyped-def
     _call(finish, n_chunks, addr)  # type: ignore[call-arg]
 
 
-_CHAIN = types.void(
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-    types.int64[::1],
-)
+_CHAIN = types.void(types.int64[::1], types.int64[::1], types.int64[::1])
+
+
+def chain_plan(
+    pos: list[int], src: list[int], off: list[int],
+    chunks: list[int], finishes: list[int], n_chunks: list[int], starts: list[int],
+) -> np.ndarray:  # fmt: skip
+    """:func:`launch_chain`'s ``plan``: the address fills, then the kernels, in one array.
+
+    ``[n, k, pos (n), src (n), off (n), chunks (k), finishes (k), n_chunks (k), starts (k)]``:
+    one array, where seven cost numba's dispatch a microsecond more a call.
+    """
+    n, k = len(pos), len(chunks)
+    assert len(src) == len(off) == n and len(finishes) == len(n_chunks) == len(starts) == k
+    return np.array([n, k, *pos, *src, *off, *chunks, *finishes, *n_chunks, *starts], np.int64)
 
 
 @numba.njit(_CHAIN, parallel=True, cache=True)
-def launch_chain(table, argv, pos, src, off, chunks, finishes, n_chunks, starts):  # type: ignore[no-untyped-def]
+def launch_chain(table, argv, plan):  # type: ignore[no-untyped-def]
     """Kernels one after another, each as :func:`launch` runs one (one chunk: on this thread).
 
-    Their ``argv`` arrays lie end to end in ``argv`` (kernel ``k``'s from ``starts[k]``), a
-    copy of the program's template that the caller holds (a local copy would be freed after
-    its last use in this function, before the kernels read it), whose addresses are filled in
-    first: ``argv[pos[i]] = table[src[i]] + off[i]`` (``table``: this call's base addresses;
-    ``off``: byte offsets from them).
+    Their ``argv`` arrays lie end to end in ``argv`` (kernel ``k``'s from ``starts[k]``),
+    which the caller holds while the kernels read it (an array made here would be freed after
+    its last use in this function, before they do); the addresses are filled in first:
+    ``argv[pos[i]] = table[src[i]] + off[i]`` (``table``: this call's base addresses;
+    ``off``: byte offsets from them). ``plan``: :func:`chain_plan`.
     """
-    for i in range(pos.size):
+    n = plan[0]
+    k = plan[1]
+    pos = plan[2 : 2 + n]
+    src = plan[2 + n : 2 + 2 * n]
+    off = plan[2 + 2 * n : 2 + 3 * n]
+    at = 2 + 3 * n
+    chunks = plan[at : at + k]
+    finishes = plan[at + k : at + 2 * k]
+    n_chunks = plan[at + 2 * k : at + 3 * k]
+    starts = plan[at + 3 * k : at + 4 * k]
+    for i in range(n):
         argv[pos[i]] = table[src[i]] + off[i]
     base = np.int64(argv.ctypes.data)
-    for k in range(chunks.size):
-        addr = base + 8 * starts[k]
-        n = n_chunks[k]
-        fn = chunks[k]
-        if n == 1:
+    for j in range(k):
+        addr = base + 8 * starts[j]
+        m = n_chunks[j]
+        fn = chunks[j]
+        if m == 1:
             _call(fn, np.int64(0), addr)  # type: ignore[call-arg]
         else:
-            for c in numba.prange(n):
+            for c in numba.prange(m):
                 _call(fn, np.int64(c), addr)  # type: ignore[call-arg]
-        _call(finishes[k], n, addr)  # type: ignore[call-arg]
+        _call(finishes[j], m, addr)  # type: ignore[call-arg]
 
 
 def threads() -> int:
