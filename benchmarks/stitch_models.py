@@ -156,7 +156,7 @@ def aten_graphs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list
 
     def recorder(kind: str) -> Callable[..., Any]:
         def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            def run(*args: Any) -> Any:
+            def run(args: list[Any]) -> Any:  # boxed: AOTAutograd passes one list
                 if not any(g is gm for _, (g, _v) in graphs):
                     values: dict[torch.fx.Node, Any] = {}
 
@@ -170,6 +170,7 @@ def aten_graphs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list
                     return out
                 return gm(*args)
 
+            run._boxed_call = True  # type: ignore[attr-defined]
             return run
 
         return compiler
