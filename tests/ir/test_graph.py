@@ -33,6 +33,13 @@ def test_ops_given_out_of_order_are_sorted_topologically(g):
     assert g.topological_order() == ("a", "b", "c", "d", "e")
 
 
+def test_in_order_lists_named_ops_in_graph_order_without_unknown_names(g):
+    assert [op.name for op in g.in_order({"e", "b", "a"})] == ["a", "b", "e"]
+    assert [op.name for op in g.in_order(["d", "x", "nope"])] == ["d"]  # x: an input
+    shuffled = Graph(g.tensors, tuple(reversed(g.ops)), g.inputs, outputs=g.outputs)
+    assert [op.name for op in shuffled.in_order({"c", "b", "a"})] == ["a", "c", "b"]
+
+
 def test_producers_consumers_and_neighbours(g):
     assert g.producer("x") is None
     assert g.producer("a") == parse_op("a[i] = exp(x[i])")

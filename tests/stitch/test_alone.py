@@ -130,7 +130,7 @@ def test_aten_reduction_refuses_a_diagonal_read():
         AtenReduction(g, "y")
 
 
-def test_single_reduction_group_keeps_the_faster_implementation():
+def test_single_reduction_group_keeps_the_faster_implementation(monkeypatch):
     from fusekit.hw import load
     from fusekit.stitch.runner import PlannedGraph, TimedChoice
     from fusekit.stitch.search import plan
@@ -141,9 +141,13 @@ def test_single_reduction_group_keeps_the_faster_implementation():
 
     x = torch.randn(64, 300)
     cap = capture(RowSum(), (x,))
+    jobs: list[tuple[str, int]] = []
+    monkeypatch.setattr("fusekit.stitch.runner.precompile", jobs.extend)
     planned = PlannedGraph(plan(cap.graph, load("cpu-local")), cap.constants)
     (kernel,) = planned.kernels
     assert isinstance(kernel, TimedChoice) and kernel.choice is None
+    # the stitched option its first call times compiles ahead, with the plan's other kernels
+    assert jobs and [code for code, _ in jobs] == kernel.options["stitched"].codes
     out = planned.run({cap.graph.inputs[0]: x})
     assert kernel.choice in ("stitched", "aten") and set(kernel.medians_s) == {"stitched", "aten"}
     torch.testing.assert_close(out[cap.graph.outputs[0]], x.sum(-1))

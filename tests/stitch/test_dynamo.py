@@ -468,7 +468,7 @@ def test_a_backward_of_one_chain_returns_none_for_inputs_without_gradient(
     x = torch.randn(8, 16, generator=g)
     compiled = torch.compile(f, backend="fusekit")
     calls = _count_general_runs(monkeypatch)
-    for k in range(4):
+    for _ in range(4):
         w = torch.randn(16, generator=g, requires_grad=True)
         want_w = w.detach().clone().requires_grad_()
         compiled(x, w).backward()

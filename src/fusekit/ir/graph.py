@@ -134,6 +134,14 @@ class Graph:
             raise KeyError(expected(f"graph {self.name}", "op", "the name of an op", name))
         return self.ops[self._op_index[name]]
 
+    def in_order(self, names: Collection[str]) -> list[Op]:
+        """The ops of ``names`` (op names) in the graph's order; unknown names are left out.
+
+        Costs the group's size, not the graph's (a planner asks for thousands of groups).
+        """
+        index = self._op_index
+        return [self.ops[i] for i in sorted(index[n] for n in names if n in index)]
+
     def is_cast(self, name: str) -> bool:
         """Whether op ``name`` is a read of another dtype (``x.to(torch.bfloat16)``)."""
         expr = self.op(name).expr

@@ -29,6 +29,7 @@ Options (``torch.compile(model, backend="fusekit", options={...})``):
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,11 +52,13 @@ log = logging.getLogger(__name__)
 OPTIONS = frozenset({"target", "method", "time_limit_s"})
 
 
+@functools.cache
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """Torch's core ATen decompositions plus LayerNorm's and GroupNorm's, less attention's.
 
     Attention stays one ATen call forward and backward (a contraction, run as eager runs it):
-    its decomposed forward saves other tensors than the fused backward reads.
+    its decomposed forward saves other tensors than the fused backward reads. Made once (about
+    0.3 s): AOTAutograd asks for it at every graph dynamo compiles, and reads it only.
     """
     from torch._decomp import core_aten_decompositions, get_decompositions
 

@@ -155,6 +155,17 @@ def _kernels(
     return kernels, reads
 
 
+def _compiled_cpu(kernel: Kernel) -> CpuKernel | None:
+    """The CPU kernel that ``kernel``'s first call compiles, if any.
+
+    Itself, or the stitched option a :class:`TimedChoice` times; a group of layout ops compiles
+    its fallback only when its views do not fit.
+    """
+    if isinstance(kernel, TimedChoice):
+        kernel = kernel.options.get("stitched")  # type: ignore[assignment]
+    return kernel if isinstance(kernel, CpuKernel) else None
+
+
 def _chainable(kernel: Kernel) -> CpuKernel | LayoutViews | None:
     """What of ``kernel`` a :class:`Chain` can run, else ``None``.
 
@@ -340,7 +351,7 @@ class PlannedGraph:
         # every kernel numba's cache lacks, compiled ahead in worker processes (one per core)
         if writes:
             self._write_in_place(writes, reads)
-        cpu = [k for k in self.kernels if isinstance(k, CpuKernel)]
+        cpu = [k for k in map(_compiled_cpu, self.kernels) if k is not None]
         for k in cpu if strides else []:
             k.expect(strides or {})
         precompile([(code, k.interleave) for k in cpu for code in k.codes])

@@ -285,7 +285,7 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
             that fit no split of the anchor into parallel and inner dims).
     """
     names = set(group)
-    order = [op for op in graph.ops if op.name in names]
+    order = graph.in_order(names)
     if len(order) != len(names):
         raise Unfusable("unknown op names")
     outputs = tuple(
