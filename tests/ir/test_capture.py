@@ -190,3 +190,23 @@ def test_a_sparse_right_operand_is_refused():
     adj = torch.eye(3).to_sparse()
     with pytest.raises(CaptureError, match="left operand of a 2-D matmul"):
         capture(SparseRight(), (torch.randn(2, 3), adj))
+
+
+def test_an_aten_capture_records_the_traced_strides_under_ir_names():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusekit.ir.capture import capture_graph
+
+    def fn(x):
+        values, indices = torch.sort(x.t(), dim=0)  # a tuple result, kept opaque
+        return values.t() + 1, indices
+
+    x = torch.randn(3, 5)
+    gm = make_fx(fn)(x)
+    cap = capture_graph(gm, [x])
+    indices = cap.graph.outputs[1]
+    # FX names it by the getitem node that reads it; the IR by the opaque op's output
+    assert indices not in {n.name for n in gm.graph.nodes}
+    assert cap.strides[indices] == fn(x)[1].stride() == (1, 5)  # sort keeps x.t()'s layout
+    assert cap.strides[cap.graph.inputs[0]] == (5, 1)
+    assert all(len(cap.strides[n]) == len(cap.graph.tensor(n).shape) for n in cap.strides)

@@ -25,7 +25,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -92,11 +92,14 @@ class Capture:
         constants: the value of every param (weights, buffers, constants made at capture).
         method: ``"export"``, ``"fx"`` (the tracer that produced the graph) or ``"aten"`` (an
             ATen graph given as it is, :func:`capture_graph`).
+        strides: the strides the traced graph's values had, by tensor name, where it recorded
+            them (a hint: a tensor at run time may have others).
     """
 
     graph: Graph
     constants: Mapping[str, torch.Tensor]
     method: str
+    strides: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def values(self, *args: Any) -> dict[str, torch.Tensor]:
         """Bind the module's arguments and the params to the graph's names.
@@ -197,8 +200,9 @@ def capture_graph(
             return "input", next(inputs, None)
         return "param", fold(getattr, str(node.target).split("."), gm)
 
-    graph, constants = _walk(gm.graph, source, name)
-    return Capture(graph, constants, "aten")
+    strides: dict[str, tuple[int, ...]] = {}
+    graph, constants = _walk(gm.graph, source, name, strides)
+    return Capture(graph, constants, "aten", strides)
 
 
 # -- tracers -----------------------------------------------------------------------------------
@@ -257,8 +261,16 @@ def _from_fx(model: torch.nn.Module, args: tuple[Any, ...], name: str) -> Captur
 
 # -- the walk ----------------------------------------------------------------------------------
 def _walk(
-    graph: fx.Graph, source: Callable[[fx.Node], tuple[str, Any]], name: str
+    graph: fx.Graph,
+    source: Callable[[fx.Node], tuple[str, Any]],
+    name: str,
+    strides: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[Graph, dict[str, torch.Tensor]]:
+    """The graph and its params.
+
+    ``strides``, when given, receives each tensor's traced strides (the ``val`` of its node;
+    an input's from its example value).
+    """
     import torch
 
     b = Builder()
@@ -280,8 +292,12 @@ def _walk(
             if role == "param":
                 b.constants[v.name] = value
             env[node] = v
+            if strides is not None:
+                _note_strides(strides, v, value)
         elif node.op == "call_function":
             env[node] = _lower(b, node, env)
+            if strides is not None:
+                _note_strides(strides, env[node], node.meta.get("val"))
         elif node.op == "output":
             for out in _flatten(node.args[0]):
                 value = env.get(out) if hasattr(out, "op") else out
@@ -296,6 +312,27 @@ def _walk(
             )
     params += [c for c in b.constants if c not in params]
     return _prune(b, inputs, params, outputs, name)
+
+
+def _note_strides(strides: dict[str, tuple[int, ...]], value: Any, val: Any) -> None:
+    """Record the strides of a node's ``val`` under the names of what it lowered to.
+
+    ``val``: a traced value or a tuple of them; ``value``: a tensor, or a tuple of tensors
+    and ``None``. A name recorded before (an op the lowering reused) keeps its strides.
+    """
+    import torch
+
+    pairs = (
+        zip(value, val, strict=False)
+        if isinstance(value, tuple) and isinstance(val, list | tuple)
+        else [(value, val)]
+    )
+    for v, t in pairs:
+        if isinstance(v, V) and isinstance(t, torch.Tensor) and v.name not in strides:
+            try:
+                strides[v.name] = tuple(int(s) for s in t.stride())
+            except (TypeError, RuntimeError):  # symbolic, or a layout without strides
+                continue
 
 
 def _lower(b: Builder, node: fx.Node, env: dict[fx.Node, Any]) -> Any:

@@ -40,9 +40,8 @@ import torch
 from fusekit.errors import FusekitError, expected
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.hw.detect import real_tensors
-from fusekit.ir.capture import capture_graph
+from fusekit.ir.capture import Capture, capture_graph
 from fusekit.ir.fold import fold_constants
-from fusekit.ir.graph import Graph
 from fusekit.stitch.runner import PlannedGraph, on_device
 from fusekit.stitch.search import Plan, plan
 
@@ -195,22 +194,15 @@ def _without_copies(
     return gm, pairs
 
 
-def _strides(gm: torch.fx.GraphModule, graph: Graph) -> dict[str, tuple[int, ...]]:
-    """The strides the traced graph gives each tensor the captured graph names as one node.
+def _strides(cap: Capture) -> dict[str, tuple[int, ...]]:
+    """The strides the traced graph gave each tensor of the captured one, where it still has it.
 
-    A hint only (kernels pick their variant by the strides they are called with): a captured
-    tensor is matched to the node of its name when their shapes agree.
+    A hint only (kernels pick their variant by the strides they are called with), recorded by
+    the capture under the IR's names (an opaque op's outputs too, which FX names by the
+    ``getitem`` nodes that read them).
     """
-    names = {t.name: t.shape for t in graph.tensors}
-    out = {}
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and names.get(node.name) == tuple(val.shape):
-            try:
-                out[node.name] = tuple(int(s) for s in val.stride())
-            except (TypeError, RuntimeError):  # symbolic or sparse
-                continue
-    return out
+    names = {t.name: len(t.shape) for t in cap.graph.tensors}
+    return {n: st for n, st in cap.strides.items() if names.get(n) == len(st)}
 
 
 def _merged(values: list[Any], slots: Sequence[tuple[bool, Any]]) -> list[Any]:
@@ -289,7 +281,7 @@ class StitchedGraph:
         for out, k in copied:  # written in place when a kernel computes it last
             if placeholders[k] in graph_inputs and out not in names[: len(user)]:
                 writes.setdefault(out, placeholders[k])
-        planned = PlannedGraph(p, cap.constants, backend, strides=_strides(gm, cap.graph),
+        planned = PlannedGraph(p, cap.constants, backend, strides=_strides(cap),
                                writes=writes)  # fmt: skip
         n_user = len(outs) - len(copies)
         # what a call does, worked out once (a call costs microseconds per line of Python):
