@@ -164,10 +164,9 @@ class Chain:
         """The chain's outputs read after it, by one launch where its program allows."""
         launch = _launch or _launch_module()
         ext = [values[t] for t in self.inputs]
-        program = self.program(ext, launch)
-        if program is None or not all(x.is_cpu for x in ext):
-            return self.each(values)  # a kernel copies an input first, or raises its error
-        return dict(zip(self.returns, program.run(ext, launch.launch_chain), strict=True))
+        if not all(x.is_cpu for x in ext):
+            return self.each(values)  # the kernels raise their error
+        return dict(zip(self.returns, self._returns(ext, launch), strict=True))
 
     def each(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reference: every kernel called in turn."""
@@ -178,12 +177,24 @@ class Chain:
 
     def program(self, ext: Sequence[torch.Tensor], launch: Any) -> Program | None:
         """The program for inputs ``ext`` (made at its signature's first call), or ``None``."""
-        key = (0 if self.serial else launch.threads(), *map(_stride, ext))  # chunks follow threads
+        given: tuple[Strides, ...] = tuple(map(_stride, ext))
+        key = (0 if self.serial else launch.threads(), *given)  # chunks follow threads
         try:
             return self.programs[key]
         except KeyError:
-            program = self.programs[key] = self._program([x.stride() for x in ext])
+            program = self.programs[key] = self._program(given)
             return program
+
+    def _returns(self, ext: Sequence[torch.Tensor], launch: Any) -> list[torch.Tensor]:
+        """The chain's returns, in order, for inputs ``ext``.
+
+        By its program; kernel by kernel where a kernel would copy an input first.
+        """
+        program = self.program(ext, launch)
+        if program is None:
+            out = self.each(dict(zip(self.inputs, ext, strict=True)))
+            return [out[t] for t in self.returns]
+        return program.run(ext, launch.launch_chain)
 
     def caller(
         self, sources: Sequence[int | torch.Tensor], outputs: Sequence[str | int]
@@ -200,7 +211,6 @@ class Chain:
         the planned shape and dtype, as dynamo's do) and the dictionaries of :meth:`__call__`.
         """
         launch = _launch_module()
-        run = launch.launch_chain
         pick = [
             (False, self.returns.index(t)) if isinstance(t, str) else (True, t) for t in outputs
         ]
@@ -213,12 +223,7 @@ class Chain:
                 ext = [args[k] for k in positions]
             else:
                 ext = [args[s] if isinstance(s, int) else s for s in fixed]
-            program = self.program(ext, launch)
-            if program is None:
-                out = self.each(dict(zip(self.inputs, ext, strict=True)))
-                got = [out[t] for t in self.returns]
-            else:
-                got = program.run(ext, run)
+            got = self._returns(ext, launch)
             return got if same else [args[i] if given else got[i] for given, i in pick]
 
         return call
