@@ -42,6 +42,7 @@ from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.hw.detect import real_tensors
 from fusekit.ir.capture import Capture, capture_graph
 from fusekit.ir.fold import fold_constants
+from fusekit.stitch.codegen.compiling import warm
 from fusekit.stitch.runner import PlannedGraph, on_device
 from fusekit.stitch.search import Plan, plan
 
@@ -102,8 +103,11 @@ def fusekit_backend(
             )
         )
     compiler = GraphCompiler(**options)
-    if compiler.target is not None:  # a wrong target is the caller's error, not a fallback
-        compiler.target_for(torch.device("cpu"))
+    on_cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
+    if compiler.target is not None or on_cpu:  # a wrong target is the caller's error
+        compiler.target_for(torch.device("cpu"))  # measured (once) before the workers start
+    if on_cpu:
+        warm()  # the kernel compile workers start while AOTAutograd traces and the ILP plans
     aot = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decompositions,
                        keep_inference_input_mutations=True)  # fmt: skip
     return aot(gm, example_inputs)
