@@ -83,6 +83,7 @@ class Op:
     # derived on first use (an op is immutable); not part of equality or the text form
     _kind: OpKind | None = field(default=None, init=False, repr=False, compare=False)
     _inputs: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _reads: tuple[Access, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         where = f"op {self.out.tensor}"
@@ -123,6 +124,15 @@ class Op:
             object.__setattr__(self, "_inputs", self._find_inputs())
         assert self._inputs is not None
         return self._inputs
+
+    @property
+    def reads(self) -> tuple[Access, ...]:
+        """The value reads of the right side (not its index tensors), in :func:`walk` order."""
+        if self._reads is None:
+            found = tuple(n for n in walk(self.expr) if isinstance(n, Access))
+            object.__setattr__(self, "_reads", found)
+        assert self._reads is not None
+        return self._reads
 
     def _find_inputs(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}

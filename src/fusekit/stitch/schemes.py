@@ -218,6 +218,24 @@ def fold_layouts(expr: Expr, layouts: Mapping[str, Op]) -> Expr:
     raise Unfusable(f"expression {type(expr).__name__}")
 
 
+def _folded(op: Op, layouts: Mapping[str, Op]) -> Expr:
+    """``fold_layouts(op.expr, layouts)``: the op's own expression when it reads none of them.
+
+    For a map or reduce op (no indirect read, no opaque call) folding changes only the reads
+    of ``layouts``; keeping the expression itself lets :func:`_reads` use the op's memo.
+    """
+    if layouts.keys().isdisjoint(op.inputs):
+        return op.expr
+    return fold_layouts(op.expr, layouts)
+
+
+def _reads(op: Op, expr: Expr) -> tuple[Access, ...]:
+    """The value reads of ``expr``, the op's (folded) expression, in :func:`walk` order."""
+    if expr is op.expr:
+        return op.reads
+    return tuple(n for n in walk(expr) if isinstance(n, Access))
+
+
 def _inlined(
     order: list[Op],
     folded: Mapping[str, Op],
@@ -237,8 +255,8 @@ def _inlined(
         for op in order:
             if op.name in chosen:
                 continue
-            for n in walk(fold_layouts(op.expr, chosen)):
-                if not isinstance(n, Access) or n.tensor not in ops or n.tensor in chosen:
+            for n in _reads(op, _folded(op, chosen)):
+                if n.tensor not in ops or n.tensor in chosen:
                     continue
                 plain = all(
                     isinstance(t, IVar) or (isinstance(t, IConst) and shapes[n.tensor][d] == 1)
@@ -295,14 +313,18 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
     for op in order:
         if op.kind not in (OpKind.MAP, OpKind.REDUCE) or op.accumulate:
             raise Unfusable(f"{op.name} is a {op.kind.value} op")
-        if any(isinstance(n, Reduce) and _bound_vars(n.body) for n in walk(op.expr)):
+        nested = op.kind is OpKind.REDUCE and any(
+            isinstance(n, Reduce) and _bound_vars(n.body) for n in walk(op.expr)
+        )
+        if nested:
             raise Unfusable(f"{op.name} nests reductions")
     layouts = {op.name: op for op in order if graph.moves_only(op.name) and op.name not in outputs}
     layouts.update(_inlined(order, layouts, outputs, graph.shapes))
     computed = [op for op in order if op.name not in layouts]
     if not computed:
         raise Unfusable("only layout ops")
-    exprs = {op.name: fold_layouts(op.expr, layouts) for op in computed}
+    exprs = {op.name: _folded(op, layouts) for op in computed}
+    reads_of = {op.name: _reads(op, exprs[op.name]) for op in computed}
     shapes = graph.shapes
     extents = {op.name: graph.extents(op.name) for op in computed}
     produced = {op.name for op in computed}
@@ -338,7 +360,7 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
         for d, t in enumerate(op.out.indices):
             if isinstance(t, IVar):
                 union(("v", op.name, t.name), ("t", "#" + op.name, d), True)
-        reads += [(op, n) for n in walk(exprs[op.name]) if isinstance(n, Access)]
+        reads += [(op, n) for n in reads_of[op.name]]
     for op, acc in reads:
         if acc.tensor not in produced:
             continue
@@ -370,9 +392,8 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
             dim_of_root[root] = len(root_extent)
             root_extent.append(size)
             root_order.append(root)
-    touched = set(produced) | {
-        n.tensor for op in computed for n in walk(exprs[op.name]) if isinstance(n, Access)
-    }
+    read = {n.tensor for op in computed for n in reads_of[op.name]}
+    touched = set(produced) | read
     largest = max(_numel(shapes[t]) for t in touched)
     if _numel(tuple(root_extent)) > largest:  # loops of unrelated ops side by side: a product
         raise Unfusable(
@@ -398,17 +419,17 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
 
     # -- split anchor dims into parallel and inner, the innermost possible first --
     n = len(anchor)
+    bound_vars = {op.name: _bound_vars(exprs[op.name]) for op in computed}
     roles: dict[str, Role] | None = None
     split = n
     for split in ([n - 1] if n else [0]) + list(range(n - 2, -1, -1)):
-        roles = _roles(computed, exprs, var_dims, dict(out_maps), set(range(split)), n)
+        roles = _roles(computed, exprs, bound_vars, var_dims, dict(out_maps), set(range(split)), n)
         if roles is not None:
             break
     if roles is None:
         raise Unfusable("no split of the loops into rows and columns fits every reduction")
     par, inner = tuple(range(split)), tuple(range(split, n))
-    # read inside: by a computed op, directly or through the layout ops folded into it
-    read = {n.tensor for op in computed for n in walk(exprs[op.name]) if isinstance(n, Access)}
+    # read inside (``read``): by a computed op, directly or through the layout ops folded in
     for op in computed:
         if roles[op.name] is Role.COL_REDUCE and op.name in read:
             raise Unfusable(f"column reduction {op.name} is read inside the group")
@@ -416,10 +437,9 @@ def analyze(graph: Graph, group: Collection[str]) -> Layout:
     scheme = _scheme(roles, steps)
     inputs = tuple(
         dict.fromkeys(
-            n.tensor for op in computed for n in walk(exprs[op.name])
-            if isinstance(n, Access) and n.tensor not in produced
+            n.tensor for op in computed for n in reads_of[op.name] if n.tensor not in produced
         )
-    )  # fmt: skip
+    )
     return Layout(
         ops=tuple(op.name for op in computed),
         folded=frozenset(layouts),
@@ -476,6 +496,7 @@ def _storage_rank(
 def _roles(
     ops: list[Op],
     exprs: Mapping[str, Expr],
+    bound_vars: Mapping[str, list[str]],
     var_dims: Mapping[str, Mapping[str, int | None]],
     out_maps: Mapping[str, tuple[int | None, ...]],
     par: set[int],
@@ -486,8 +507,8 @@ def _roles(
     for op in ops:
         dims = var_dims[op.name]
         kept = {d for d in out_maps[op.name] if d is not None}
-        bound = {dims[v] for v in _bound_vars(exprs[op.name])} - {None}
-        if not _bound_vars(exprs[op.name]):
+        bound = {dims[v] for v in bound_vars[op.name]} - {None}
+        if not bound_vars[op.name]:
             if not par <= kept:
                 return None
             roles[op.name] = Role.FULL if kept & inner else Role.ROW
