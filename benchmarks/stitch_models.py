@@ -25,7 +25,9 @@ Parts:
   gradients, checked against eager after three steps; with the fraction of the streaming
   roofline (7 float32 arrays per element at the measured bandwidth).
 
-Times are medians of interleaved passes (``--repeats`` calls each). Writes
+Times are medians of interleaved passes (``--repeats`` calls each); a whole model's contenders
+alternate call by call (``3 * --repeats`` rounds), so that a shared host's drift reaches all
+three alike. Writes
 ``benchmarks/results/stitch_models_cpu.json`` and a plot beside it.
 
 Run: ``.venv/bin/python benchmarks/stitch_models.py [--quick] [--families gpt2,bert]``.
@@ -272,6 +274,24 @@ def time_three(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def time_alternating(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median seconds per contender over ``rounds`` rounds of one call each, in turn.
+
+    For calls of tenths of a second (whole models), where a shared host's speed drifts within
+    a pass of ten calls: alternating call by call exposes every contender to the same drift.
+    Each round starts with the next contender, so none always runs after the same one.
+    """
+    fns = {k: synced(fn) for k, fn in fns.items()}
+    names = list(fns)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            fns[name]()
+            samples[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def first_call_s(fn: Callable[[], Any]) -> float:
     """Seconds of the first call (compilation included)."""
     start = time.perf_counter()
@@ -338,11 +358,18 @@ def subgraph_part(family: Family, repeats: int, limit: int) -> list[dict[str, An
     return rows
 
 
-def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[str, Any]:
-    """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians."""
+def compare(
+    fns: dict[str, Callable[[], Any]], want: Any, repeats: int, alternate: bool = False
+) -> dict[str, Any]:
+    """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians.
+
+    ``alternate``: :func:`time_alternating` over ``3 * repeats`` rounds (as many calls as the
+    three passes of :func:`time_three` make of a call longer than 10 ms).
+    """
     first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
     errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
-    return _timed_row(first, errors, time_three(fns, repeats))
+    times = time_alternating(fns, 3 * repeats) if alternate else time_three(fns, repeats)
+    return _timed_row(first, errors, times)
 
 
 def _timed_row(
@@ -398,7 +425,7 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
         fns = {"eager": step(model), "compile": step(torch.compile(model)),
                "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
         row = {"part": "models", "family": family.name, "problem": f"{family.name} {study}",
-               **compare(fns, fns["eager"](), repeats)}  # fmt: skip
+               **compare(fns, fns["eager"](), repeats, alternate=True)}  # fmt: skip
         print(f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
               f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms; "
               f"first call {row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s",
