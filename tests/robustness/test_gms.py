@@ -190,7 +190,6 @@ def probe_results() -> dict[str, tuple[int, str, str]]:
         name: (PRELUDE + textwrap.dedent(code), name in INTERPRETED)
         for name, code in PROBES.items()
     }
-    jobs[TRITON_PROPERTIES] = (TRITON_SCRIPT.format(tests=os.path.dirname(__file__)), True)
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         futures = {name: pool.submit(_run, code, interpret=i) for name, (code, i) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
@@ -387,7 +386,6 @@ def test_every_strategy_equals_the_reference_cpu(case):
 
 #: The CPU checks again with every kernel replaced by its Triton twin (the op's backend table
 #: pointed at kernels/triton for CPU tensors), under Triton's interpreter, in float32.
-TRITON_PROPERTIES = "Triton properties"
 TRITON_SCRIPT = """
 import sys
 try:
@@ -420,8 +418,9 @@ print("CLEAN triton")
 """
 
 
-def test_triton_kernels_equal_the_reference_interpreted(probe_results):
-    rc, out, err = probe_results[TRITON_PROPERTIES]
+@pytest.mark.slow  # about 23 s of Triton's interpreter; tests/gms/kernels check each kernel
+def test_triton_kernels_equal_the_reference_interpreted():
+    rc, out, err = _run(TRITON_SCRIPT.format(tests=os.path.dirname(__file__)), interpret=True)
     if rc == 0 and out.startswith("SKIP"):
         pytest.skip(out)
     assert rc == 0 and "CLEAN triton" in out, f"rc={rc}\n{out}\n{err[-4000:]}"

@@ -231,7 +231,9 @@ def test_strided_inputs_are_read_in_place_by_a_variant(target: CPUTarget) -> Non
     assert len(kernel._variants) == 2
 
 
-def test_kernels_compile_ahead_in_worker_processes(target: CPUTarget, tmp_path, monkeypatch):
+def test_kernels_compile_ahead_in_worker_processes(
+    target: CPUTarget, tmp_path, monkeypatch, caplog
+):
     # a plan's kernels numba's cache lacks compile in fresh interpreters, one per core; this
     # process then loads them from the cache and they compute what the reference does
     from fusekit.stitch.codegen import compiling, render
@@ -259,24 +261,20 @@ def test_kernels_compile_ahead_in_worker_processes(target: CPUTarget, tmp_path, 
         got = kernel(env)
         for k, v in want.items():  # erf's approximation: 1e-6 absolute
             torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5)
+    check_pool_reuse_and_failures(compiling, caplog)
     monkeypatch.setenv(compiling.WORKERS_ENV, "0")
     assert compiling.precompile([("x = 1\n", 0), ("x = 2\n", 0)]) == 0  # workers off
 
 
-def test_compile_workers_serve_every_plan_and_report_failures(tmp_path, monkeypatch, caplog):
-    # one pool of workers for the process: a second plan's kernels go to the same workers; a
-    # kernel that fails to compile is named in a warning and the others still compile; a pool
-    # that lost a worker is replaced
-    from fusekit.stitch.codegen import compiling
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv(compiling.WORKERS_ENV, "2")
+def check_pool_reuse_and_failures(compiling, caplog) -> None:
+    """One pool of workers for the process: a later plan's kernels go to the same workers; a
+    kernel that fails to compile is named in a warning and the others still compile; a pool
+    that lost a worker is replaced (and the old one closed)."""
 
     def kernel(i: int) -> str:
         head = 'import numba\n\n@numba.njit("float64(float64)", cache=True)\n'
         return head + f"def k(x):\n    return x + {i}\n"
 
-    assert compiling.precompile([(kernel(1), 0), (kernel(2), 0)]) == 2
     first = compiling.pool()
     assert first is not None and first.size == 2
     pids = [p.pid for p in first.procs]
@@ -284,7 +282,7 @@ def test_compile_workers_serve_every_plan_and_report_failures(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger=compiling.__name__):
         assert compiling.precompile([(kernel(3), 0), (broken, 0), (kernel(4), 0)]) == 3
     assert compiling.pool() is first and [p.pid for p in first.procs] == pids
-    assert all(compiling.is_cached(kernel(i)) for i in (1, 2, 3, 4))
+    assert compiling.is_cached(kernel(3)) and compiling.is_cached(kernel(4))
     assert not compiling.is_cached(broken)
     failed = [m for r in caplog.records if "compile worker failed" in (m := r.getMessage())]
     assert len(failed) == 1 and "SyntaxError" in failed[0]
@@ -294,7 +292,7 @@ def test_compile_workers_serve_every_plan_and_report_failures(tmp_path, monkeypa
     second = compiling.pool()
     assert second is not first and second is not None and second.size == 2
     assert compiling.is_cached(kernel(5)) and compiling.is_cached(kernel(6))
-    assert all(p.poll() is not None for p in first.procs)  # the old pool was closed
+    assert all(p.poll() is not None for p in first.procs)
 
 
 class RelativePositionBuckets(torch.nn.Module):
