@@ -25,9 +25,9 @@ Parts:
   gradients, checked against eager after three steps; with the fraction of the streaming
   roofline (7 float32 arrays per element at the measured bandwidth).
 
-Times are medians of interleaved passes (``--repeats`` calls each); a whole model's contenders
-alternate call by call (``3 * --repeats`` rounds), so that a shared host's drift reaches all
-three alike. Writes
+Times are medians over rounds in which the three contenders alternate call by call (at least
+``3 * --repeats`` rounds and 0.3 s of each one's calls), so that a shared host's drift reaches
+all three alike. Writes
 ``benchmarks/results/stitch_models_cpu.json`` and a plot beside it.
 
 Run: ``.venv/bin/python benchmarks/stitch_models.py [--quick] [--families gpt2,bert]``.
@@ -53,7 +53,6 @@ import torch
 import torch.fx
 
 from fusekit.report.records import Plot, Summary, run_metadata, write_results
-from fusekit.search import time_call
 
 TITLE = (
     "Memory-bound subgraphs captured from the forward and backward of five HF model families, "
@@ -264,32 +263,34 @@ def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
-def time_three(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds per contender over three interleaved passes."""
-    fns = {k: synced(fn) for k, fn in fns.items()}
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(3):
-        for name, fn in fns.items():
-            samples[name].append(time_call(fn, repeats=repeats, min_total_s=0.1).median_s)
-    return {k: statistics.median(v) for k, v in samples.items()}
+def time_alternating(
+    fns: dict[str, Callable[[], Any]], rounds: int, min_total_s: float = 0.0
+) -> dict[str, float]:
+    """Median seconds per contender over rounds of one call each, the contenders in turn.
 
-
-def time_alternating(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median seconds per contender over ``rounds`` rounds of one call each, in turn.
-
-    For calls of tenths of a second (whole models), where a shared host's speed drifts within
-    a pass of ten calls: alternating call by call exposes every contender to the same drift.
-    Each round starts with the next contender, so none always runs after the same one.
+    A shared host's speed drifts within a tenth of a second; calls that alternate one by one
+    expose every contender to the same drift, where passes of many calls each let it land on
+    one. At least ``rounds`` rounds, more until every contender has run ``min_total_s``
+    (at most :data:`MAX_ROUNDS`); one untimed call each first. Each round starts with the
+    next contender, so that none always runs after the same one.
     """
     fns = {k: synced(fn) for k, fn in fns.items()}
     names = list(fns)
+    for fn in fns.values():
+        fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
-    for r in range(rounds):
+    r = 0
+    while r < rounds or (r < MAX_ROUNDS and min(sum(v) for v in samples.values()) < min_total_s):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             fns[name]()
             samples[name].append(time.perf_counter() - start)
+        r += 1
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+#: Most rounds of :func:`time_alternating` (microsecond regions reach ``min_total_s`` late).
+MAX_ROUNDS = 3000
 
 
 def first_call_s(fn: Callable[[], Any]) -> float:
@@ -358,18 +359,19 @@ def subgraph_part(family: Family, repeats: int, limit: int) -> list[dict[str, An
     return rows
 
 
-def compare(
-    fns: dict[str, Callable[[], Any]], want: Any, repeats: int, alternate: bool = False
-) -> dict[str, Any]:
+def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[str, Any]:
     """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians.
 
-    ``alternate``: :func:`time_alternating` over ``3 * repeats`` rounds (as many calls as the
-    three passes of :func:`time_three` make of a call longer than 10 ms).
+    The medians: :func:`time_alternating` over at least ``3 * repeats`` rounds and 0.3 s of
+    each contender's calls.
     """
     first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
     errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
-    times = time_alternating(fns, 3 * repeats) if alternate else time_three(fns, repeats)
-    return _timed_row(first, errors, times)
+    return _timed_row(first, errors, time_alternating(fns, 3 * repeats, TIMED_S))
+
+
+#: Seconds of calls each contender gets at least (as three passes of 0.1 s gave before).
+TIMED_S = 0.3
 
 
 def _timed_row(
@@ -425,7 +427,7 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
         fns = {"eager": step(model), "compile": step(torch.compile(model)),
                "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
         row = {"part": "models", "family": family.name, "problem": f"{family.name} {study}",
-               **compare(fns, fns["eager"](), repeats, alternate=True)}  # fmt: skip
+               **compare(fns, fns["eager"](), repeats)}  # fmt: skip
         print(f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
               f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms; "
               f"first call {row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s",
@@ -472,7 +474,7 @@ def optimizer_part(family: Family, repeats: int) -> list[dict[str, Any]]:
     want = [p.detach() for p in states["eager"][0]]
     errors = {k: relative_error([p.detach() for p in states[k][0]], want)
               for k in ("compile", "fusekit")}  # fmt: skip
-    times = time_three(fns, repeats)
+    times = time_alternating(fns, 3 * repeats, TIMED_S)
     elements = sum(p.numel() for p in base.parameters())
     bw = detect().mem_bw_bytes_per_s if DEVICE.type == "cpu" else float("nan")
     row = {
