@@ -98,6 +98,7 @@ class CompilePool:
     def __init__(self, count: int, folder: Path) -> None:
         #: the cache folder the workers write to (the environment they started with)
         self.folder = folder
+        self._lock = threading.Lock()  # one caller feeds the workers and reads their answers
         env = {**os.environ, WORKERS_ENV: "0"}
         self.procs = [
             subprocess.Popen(
@@ -116,8 +117,12 @@ class CompilePool:
         """Compile the kernel files ``(path, interleave)`` in the workers; how many compiled.
 
         A kernel that fails, or whose worker dies, is logged: it compiles in this process at
-        its first call instead.
+        its first call instead. Concurrent callers take turns.
         """
+        with self._lock:
+            return self._compile(files)
+
+    def _compile(self, files: Sequence[tuple[Path, int]]) -> int:
         queue = list(reversed(files))
         busy: dict[int, tuple[subprocess.Popen[str], Path]] = {}
         done = 0
