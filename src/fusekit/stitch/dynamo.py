@@ -105,7 +105,9 @@ def fusekit_backend(
     compiler = GraphCompiler(**options)
     on_cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
     if compiler.target is not None or on_cpu:  # a wrong target is the caller's error
-        compiler.target_for(torch.device("cpu"))  # measured (once) before the workers start
+        target = compiler.target_for(torch.device("cpu"))  # measured before the workers start
+        if on_cpu:  # the forward and backward graphs plan for it without reading it again
+            compiler.target = target
     if on_cpu:
         warm()  # the kernel compile workers start while AOTAutograd traces and the ILP plans
     aot = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decompositions,

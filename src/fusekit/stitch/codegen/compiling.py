@@ -227,10 +227,7 @@ def precompile(jobs: Sequence[tuple[str, int]]) -> int:
         The number of kernels handed to workers.
     """
     todo = [j for j in dict.fromkeys(jobs) if not is_loaded(j[0], "k") and not is_cached(j[0])]
-    n = workers(len(todo))
-    if len(todo) < 2 or n < 2:
-        return 0
-    ahead = pool()
+    ahead = pool() if len(todo) >= 2 else None
     if ahead is None:
         return 0
     log.info("stitch: compiling %d kernels in %d processes", len(todo), ahead.size)
