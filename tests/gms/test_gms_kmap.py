@@ -486,3 +486,32 @@ def test_duplicates_raise_in_the_general_builder():
 def test_bad_geometry_names_the_argument(kwargs, argument):
     with pytest.raises(ValueError, match=f"'{argument}'"):
         km.Geometry.create(**kwargs)
+
+
+def test_slab_strided_outputs_equal_hashed():
+    """The slab bitmap's outputs are the hashed reference's, any order, any batch, wide grids."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(200):
+        b, (z, y, x) = int(rng.integers(1, 4)), rng.integers(1, 24, 3)
+        cells = b * z * y * x
+        chosen = rng.choice(cells, size=min(int(rng.integers(0, 300)), cells), replace=False)
+        coords = np.stack(np.unravel_index(chosen, (b, z, y, x)), 1).astype(np.int64)
+        stride, padding = rng.integers(1, 4, 3), rng.integers(0, 3, 3)
+        shape = np.array([z, y, x])
+        out_shape = (shape + 2 * padding - 3) // stride + 1
+        if (out_shape <= 0).any():
+            continue
+        grid = (shape, out_shape, stride, padding)
+        got = km_keys.strided_outputs(coords, *grid)
+        assert np.array_equal(got, km_keys.strided_outputs_hashed(coords, *grid))
+        checked += 1
+    assert checked > 100
+    # a grid too wide for a slab bitmap takes the hashed path and gives the same keys
+    wide = np.array([[0, 3, 5, 7], [0, 4, 70_000, 90_000], [1, 0, 0, 0]], np.int64)
+    grid = (np.array([8, 100_000, 100_000]), np.array([4, 50_000, 50_000]),
+            np.array([2, 2, 2]), np.array([1, 1, 1]))  # fmt: skip
+    assert np.array_equal(km_keys.strided_outputs(wide, *grid),
+                          km_keys.strided_outputs_hashed(wide, *grid))  # fmt: skip
