@@ -23,11 +23,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/fusekit tour --out fusekit-report
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
+# (module fixtures are built once); most of a fresh run is numba compiling kernels, which the
+# workers share through numba's on-disk cache.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(PY) tools/loc.py src/fusekit
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
