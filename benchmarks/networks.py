@@ -46,7 +46,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,8 @@ TABLES = (
     Summary(title="Speedup of fusekit over the best peer", rows=["problem"],
             values=["speedup_over_best_peer"], across="study", where={"impl": "fusekit"}),
     Summary(title="HF MoE: fusekit's speedup and the ceiling of any experts implementation",
-            rows=["problem", "study"], values=["speedup_over_best_peer", "ceiling_over_best_peer"],
+            rows=["problem", "study"], values=["speedup_over_best_peer", "ceiling_over_best_peer",
+                                               "ceiling_bare_gemm_over_best_peer"],
             where={"impl": "fusekit", "part": "hf"}),
     Summary(title="Median seconds (per call; decode: per token; train: per epoch)",
             rows=["problem", "study"], values=["median_s"], across="impl"),
@@ -325,10 +326,13 @@ class ExpertsClock:
     weight_bytes: float = 0.0
     flops: float = 0.0
     _start: float = 0.0
+    #: per experts call: the module and its tokens per expert (for :func:`bare_gemm_s`)
+    calls: list[tuple[torch.nn.Module, torch.Tensor]] = field(default_factory=list)
 
     def reset(self) -> None:
         """Zero the counts."""
         self.seconds = self.weight_bytes = self.flops = 0.0
+        self.calls = []
 
     def attach(self, model: torch.nn.Module) -> None:
         """Hook every HF experts module of ``model``."""
@@ -355,6 +359,40 @@ class ExpertsClock:
         elements = per_expert / module.down_proj.element_size()
         self.weight_bytes += int(torch.unique(experts).numel()) * per_expert
         self.flops += 2.0 * experts.numel() * elements
+        self.calls.append(
+            (module, torch.bincount(experts.reshape(-1), minlength=module.gate_up_proj.shape[0]))
+        )
+
+
+def bare_gemm_s(calls: list[tuple[torch.nn.Module, torch.Tensor]], repeats: int = 3) -> float:
+    """Seconds ATen's ``torch.mm`` takes for the experts' GEMMs of ``calls``, and nothing else.
+
+    Per call and hit expert ``e`` with ``n_e`` tokens: ``[n_e, H] x gate_up_proj[e]^T`` and
+    ``[n_e, F] x down_proj[e]^T``, on the model's own weights as they lie (what HF's
+    implementations multiply), the activations random: no routing, gather, activation, scaling
+    or scatter. The median of ``repeats`` passes after a warm-up pass. An experts
+    implementation built on ATen's GEMMs cannot take less (:func:`experts_ceiling` of it).
+    """
+    work = []
+    for module, counts in calls:
+        up, down = module.gate_up_proj.detach(), module.down_proj.detach()
+        for e in torch.nonzero(counts).flatten().tolist():
+            n = int(counts[e])
+            work.append((torch.randn(n, up.shape[2], dtype=up.dtype), up[e].t(),
+                         torch.randn(n, down.shape[2], dtype=down.dtype), down[e].t()))  # fmt: skip
+
+    def once() -> None:
+        for x, w1, h, w2 in work:
+            torch.mm(x, w1)
+            torch.mm(h, w2)
+
+    once()
+    passes = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        once()
+        passes.append(time.perf_counter() - start)
+    return statistics.median(passes)
 
 
 def experts_ceiling(peer: dict[str, float], bound_s: float) -> float:
@@ -441,7 +479,8 @@ def hf_family(
 
     times = time_impls({name: timed_prefill(name) for name in impls}, repeats, budget_s)
     rows = rows_of("hf", problem, "prefill", times, tokens=prefill_tokens)
-    add_experts(rows, {name: statistics.median(ts) for name, ts in experts.items()}, bound[0])
+    add_experts(rows, {name: statistics.median(ts) for name, ts in experts.items()}, bound[0],
+                bare_gemm_s(clock.calls))  # fmt: skip
     print(summary(rows), flush=True)
     runs: dict[str, list[tuple[float, ExpertsClock]]] = {name: [] for name in impls}
     for _ in range(max(1, repeats // 2)):  # interleaved, one warm-up call each first
@@ -455,16 +494,20 @@ def hf_family(
     last = runs[impls[0]][-1][1]
     decode_bound = max(last.weight_bytes / rates[0], last.flops / rates[1]) / steps
     decode_rows = rows_of("hf", problem, "decode", per_token, tokens=steps)
-    add_experts(decode_rows, experts_per_token, decode_bound)
+    add_experts(decode_rows, experts_per_token, decode_bound, bare_gemm_s(last.calls) / steps)
     print(summary(decode_rows), flush=True)
     return rows + decode_rows
 
 
-def add_experts(rows: list[dict[str, object]], experts_s: dict[str, float], bound_s: float) -> None:
-    """Each row's seconds in the experts; fusekit's row gets the roofline and the ceiling.
+def add_experts(
+    rows: list[dict[str, object]], experts_s: dict[str, float], bound_s: float, bare_s: float
+) -> None:
+    """Each row's seconds in the experts; fusekit's row gets the roofline and the ceilings.
 
     ``experts_roofline_s``: the experts' bound (:class:`ExpertsClock`); ``ceiling_over_best_peer``:
     :func:`experts_ceiling` of the best peer (the speedup the acceptance's ratio cannot exceed).
+    ``experts_bare_gemm_s``: :func:`bare_gemm_s`; ``ceiling_bare_gemm_over_best_peer``: the
+    ceiling with the experts reduced to ATen's bare GEMMs.
     """
     for row in rows:
         row["experts_s"] = experts_s[str(row["impl"])]
@@ -475,10 +518,10 @@ def add_experts(rows: list[dict[str, object]], experts_s: dict[str, float], boun
     for row in rows:
         if row["impl"] == "fusekit":
             row["experts_roofline_s"] = bound_s
-            row["ceiling_over_best_peer"] = experts_ceiling(
-                {"median_s": float(best["median_s"]), "experts_s": float(best["experts_s"])},  # type: ignore[arg-type]
-                bound_s,
-            )
+            peer = {"median_s": float(best["median_s"]), "experts_s": float(best["experts_s"])}  # type: ignore[arg-type]
+            row["ceiling_over_best_peer"] = experts_ceiling(peer, bound_s)
+            row["experts_bare_gemm_s"] = bare_s
+            row["ceiling_bare_gemm_over_best_peer"] = experts_ceiling(peer, bare_s)
 
 
 def usable(model: torch.nn.Module, name: str, prompt: torch.Tensor) -> bool:
