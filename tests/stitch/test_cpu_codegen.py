@@ -286,8 +286,15 @@ def check_pool_reuse_and_failures(compiling, caplog) -> None:
     assert not compiling.is_cached(broken)
     failed = [m for r in caplog.records if "compile worker failed" in (m := r.getMessage())]
     assert len(failed) == 1 and "SyntaxError" in failed[0]
-    first.procs[0].kill()
-    first.procs[0].wait()
+    # a worker that dies compiling: its exit status and last stderr line name why
+    crash = "import os, sys\nsys.stderr.write('LLVM ERROR: out of memory\\n')\nos._exit(3)\n"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=compiling.__name__):
+        assert compiling.precompile([(crash, 0), (kernel(7), 0)]) == 2
+    died = [m for r in caplog.records if "compile worker failed" in (m := r.getMessage())]
+    assert len(died) == 1
+    assert "exited with status 3: LLVM ERROR: out of memory" in died[0], died[0]
+    assert first.size == 1 and compiling.is_cached(kernel(7))
     assert compiling.precompile([(kernel(5), 0), (kernel(6), 0)]) == 2
     second = compiling.pool()
     assert second is not first and second is not None and second.size == 2

@@ -18,6 +18,7 @@ import os
 import selectors
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -92,7 +93,8 @@ class CompilePool:
     each with one line, ``ok`` or ``error <why>``. Started once (a cold worker costs about
     1.5 s, paid once instead of at every plan) and fed one kernel at a time, so that a slow
     kernel does not hold back a queue behind it. A worker exits at end of input: when this
-    process closes its pipe at exit, or dies.
+    process closes its pipe at exit, or dies. Its stderr goes to a temporary file, whose last
+    line names why a worker that died without answering did (:meth:`_death`).
     """
 
     def __init__(self, count: int, folder: Path) -> None:
@@ -100,12 +102,14 @@ class CompilePool:
         self.folder = folder
         self._lock = threading.Lock()  # one caller feeds the workers and reads their answers
         env = {**os.environ, WORKERS_ENV: "0"}
+        #: each worker's stderr, kept to name why one died (:meth:`_death`)
+        self._stderr = {i: tempfile.TemporaryFile() for i in range(count)}
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", __name__, "--serve"], env=env, text=True, bufsize=1,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr[i],
             )
-            for _ in range(count)
+            for i in range(count)
         ]  # fmt: skip
 
     @property
@@ -155,12 +159,24 @@ class CompilePool:
                         done += 1
                         feed(proc)
                         continue
-                    why = answer.removeprefix("error ") or "the worker exited"
+                    why = answer.removeprefix("error ") or self._death(proc)
                     log.warning("stitch: a compile worker failed on %s (%s); compiling it "
                                 "here at its first call", path.name, why)  # fmt: skip
                     if answer:
                         feed(proc)
         return done
+
+    def _death(self, proc: subprocess.Popen[str]) -> str:
+        """Why a worker ended without answering: its exit status and its last stderr line."""
+        try:
+            status = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the worker closed its output"
+        how = f"signal {-status}" if status < 0 else f"status {status}"
+        err = self._stderr[self.procs.index(proc)]
+        err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
+        lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+        return f"the worker exited with {how}" + (f": {lines[-1].strip()}" if lines else "")
 
     def close(self) -> None:
         """End the workers: end of input, then a kill for one that does not exit."""
@@ -173,6 +189,8 @@ class CompilePool:
                 proc.kill()
             if proc.stdout is not None:
                 proc.stdout.close()
+        for err in self._stderr.values():
+            err.close()
 
 
 _POOL: list[CompilePool] = []  # the one pool of this process, once started
