@@ -103,7 +103,7 @@ class CompilePool:
         self._lock = threading.Lock()  # one caller feeds the workers and reads their answers
         env = {**os.environ, WORKERS_ENV: "0"}
         #: each worker's stderr, kept to name why one died (:meth:`_death`)
-        self._stderr = {i: tempfile.TemporaryFile() for i in range(count)}
+        self._stderr = [tempfile.TemporaryFile() for _ in range(count)]
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", __name__, "--serve"], env=env, text=True, bufsize=1,
@@ -189,7 +189,7 @@ class CompilePool:
                 proc.kill()
             if proc.stdout is not None:
                 proc.stdout.close()
-        for err in self._stderr.values():
+        for err in self._stderr:
             err.close()
 
 
