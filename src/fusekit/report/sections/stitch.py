@@ -54,7 +54,7 @@ def _training_rows(seed: int, steps: int = 4) -> list[dict[str, object]]:
             opt.step()
             opt.zero_grad()
             seconds.setdefault(impl, []).append(time.perf_counter() - start)
-            losses.setdefault(impl, []).append(float(loss))
+            losses.setdefault(impl, []).append(loss.item())
     torch._dynamo.reset()
     return [
         {"step": k, "loss_eager": round(losses["eager"][k], 6),
