@@ -248,6 +248,10 @@ def region_module(
 
 #: The device the models run on (``--device``).
 DEVICE = torch.device("cpu")
+#: Most rounds of :func:`time_alternating` (microsecond regions reach ``min_total_s`` late).
+MAX_ROUNDS = 3000
+#: Seconds of calls each contender gets at least (as three passes of 0.1 s gave before).
+TIMED_S = 0.3
 
 
 def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -279,18 +283,17 @@ def time_alternating(
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    totals = dict.fromkeys(fns, 0.0)
     r = 0
-    while r < rounds or (r < MAX_ROUNDS and min(sum(v) for v in samples.values()) < min_total_s):
+    while r < rounds or (r < MAX_ROUNDS and min(totals.values()) < min_total_s):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             fns[name]()
-            samples[name].append(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            samples[name].append(took)
+            totals[name] += took
         r += 1
     return {k: statistics.median(v) for k, v in samples.items()}
-
-
-#: Most rounds of :func:`time_alternating` (microsecond regions reach ``min_total_s`` late).
-MAX_ROUNDS = 3000
 
 
 def first_call_s(fn: Callable[[], Any]) -> float:
@@ -368,10 +371,6 @@ def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[
     first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
     errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
     return _timed_row(first, errors, time_alternating(fns, 3 * repeats, TIMED_S))
-
-
-#: Seconds of calls each contender gets at least (as three passes of 0.1 s gave before).
-TIMED_S = 0.3
 
 
 def _timed_row(
