@@ -386,13 +386,7 @@ def bare_gemm_s(calls: list[tuple[torch.nn.Module, torch.Tensor]], repeats: int 
             torch.mm(x, w1)
             torch.mm(h, w2)
 
-    once()
-    passes = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        passes.append(time.perf_counter() - start)
-    return statistics.median(passes)
+    return time_call(once, repeats=repeats).median_s
 
 
 def experts_ceiling(peer: dict[str, float], bound_s: float) -> float:
