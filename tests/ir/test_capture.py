@@ -140,6 +140,24 @@ def test_unknown_ops_become_opaque_and_keep_shapes():
     torch.testing.assert_close(cap.run(x)[0], Cumulative()(x))
 
 
+class Positions(nn.Module):
+    def forward(self, x):
+        return x * torch.arange(x.shape[1], device=x.device)
+
+
+def test_factory_ops_keep_their_device():
+    # a model on a GPU makes its positions there: the captured op must too, whatever device
+    # the graph later runs on (dropping the argument made them on the CPU)
+    x = torch.randn(2, 5)
+    cap = capture(Positions(), (x,))
+    (opaque,) = [op for op in cap.graph.ops if op.kind is OpKind.OPAQUE]
+    assert str(opaque) == "arange = opaque aten.arange.default(5, device='cpu')"
+    moved = parse_graph(format_graph(cap.graph).replace("'cpu'", "'meta'"))
+    from fusekit.ir.interpret import interpret
+
+    assert interpret(moved, {"x": x.to("meta")})["mul"].device.type == "meta"
+
+
 def test_multiple_outputs_and_argument_checks():
     model = nn.Linear(3, 2)
     cap = capture(model, (torch.randn(4, 3),), name="lin")

@@ -190,3 +190,35 @@ def test_casts_convert_where_the_graph_casts(target):
     x = torch.cat([torch.randn(3, 16), torch.full((1, 16), 0.5)])
     kernels = _kernels(Casts(), (x,), target)
     assert any(k.layout.ops and len(k.layout.ops) > 2 for k in kernels)
+
+
+def test_a_group_whose_inputs_are_on_the_cpu_runs_its_cpu_kernel(target):
+    # On a GPU, a group fed only CPU tensors (eager computes it on the CPU) cannot launch a
+    # Triton kernel: it runs the kernel made by ``on_cpu`` instead. Outside the interpreter.
+    from fusekit.stitch.codegen.cpu import CpuKernel
+
+    w = load_workload("bias_gelu", small=True)
+    cap = capture(w.module, w.args)
+    p = plan(cap.graph, target)
+    env = cap.values(*w.args)
+    (group,) = [g for g in p.groups if g.layout is not None]
+    want = reference_group(p.graph, group.ops, env)
+    made = []
+
+    def on_cpu():
+        made.append(CpuKernel(p.graph, group.layout))
+        return made[-1]
+
+    kernel = TritonKernel(p.graph, group.layout, on_cpu=on_cpu)
+    kernel(env)  # loads the module (interpreted here)
+    kernel.interpreted = False  # as compiled for a GPU
+    for _ in range(2):
+        got = kernel(env)
+        for k, v in want.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+    assert len(made) == 1  # made once, at the first CPU call
+    bare = TritonKernel(p.graph, group.layout)
+    bare(env)
+    bare.interpreted = False
+    with pytest.raises(ValueError, match="on a GPU"):
+        bare(env)

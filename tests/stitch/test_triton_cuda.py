@@ -77,3 +77,30 @@ def test_the_torch_compile_backend_trains_on_cuda():
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
     for g, p in zip(got, model.parameters(), strict=True):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+class _Rotary(torch.nn.Module):
+    """Positions made in the forward (``arange`` on the input's device) as HF's rotary makes them.
+
+    The cast of the positions is a group of its own, fed by the ``arange`` alone.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.rand(16, 1))
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device)
+        return x * (self.inv_freq @ pos.float()[None, :]).t().cos()
+
+
+def test_positions_made_in_the_forward_stay_on_the_gpu():
+    # the whole-model failure: arange lost its device in capture, so the cast of the positions
+    # was a Triton group fed only CPU tensors
+    model = _Rotary().cuda()
+    x = torch.randn(4, 96, 16, device="cuda")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="fusekit")(x)
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)

@@ -52,7 +52,10 @@ SPARSE_OK = frozenset({"matmul", "mm", "_sparse_mm"})
 _SKIPPED = frozenset(
     {"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range_for_size"}
 )
-_DROPPED_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking"})
+#: Keyword arguments an opaque op is captured without: defaults that only say how memory is
+#: laid out or copied. ``device`` is kept: a factory op (``arange``) or a copy (``_to_copy``)
+#: must place its result where eager does, whatever device the capture ran on.
+_DROPPED_KWARGS = frozenset({"layout", "pin_memory", "memory_format", "non_blocking"})
 _VIEWS = frozenset(
     {
         "view",

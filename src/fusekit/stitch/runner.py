@@ -289,7 +289,7 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
     elif backend == "triton":
         require("triton", "stitch's GPU backend", "gpu")
         try:
-            kernel = TritonKernel(graph, group.layout)
+            kernel = TritonKernel(graph, group.layout, on_cpu=partial(_on_cpu, graph, group))
         except Unfusable as e:
             log.info("stitch: %s runs unstitched on the Triton backend: %s", sorted(group.ops), e)
             return _Alone(graph, group)
@@ -306,6 +306,15 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
         except ValueError:
             pass
     return kernel
+
+
+def _on_cpu(graph: Graph, group: Candidate) -> Callable[..., dict[str, Any]]:
+    """A Triton group's kernel for inputs on the CPU: compiled for it, or run alone."""
+    assert group.layout is not None
+    try:
+        return CpuKernel(graph, group.layout)
+    except Unfusable:
+        return _Alone(graph, group)
 
 
 def on_device(cap: Capture, device: torch.device) -> Capture:

@@ -40,11 +40,12 @@ the kernels under ``TRITON_INTERPRET=1`` on small shapes and compare.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from fusekit.errors import expected
 from fusekit.ir.expr import Access, Call, IBin, IndexTerm, IVar, Reduce, walk
 from fusekit.ir.graph import Graph
 from fusekit.stitch.codegen.render import (
@@ -375,11 +376,21 @@ class TritonKernel:
         graph: the planned graph.
         layout: the group's :class:`Layout`.
 
+        on_cpu: makes the group's kernel for inputs that all live on the CPU (eager computes
+            such a group there, and Triton launches on GPU memory only); called at the first
+            such call. Under Triton's interpreter the Triton kernel runs on them.
+
     Raises:
         Unfusable: if the group has no Triton spelling (the runner runs it alone).
     """
 
-    def __init__(self, graph: Graph, layout: Layout) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        layout: Layout,
+        on_cpu: Callable[[], Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]]
+        | None = None,
+    ) -> None:
         emitter = _Emitter(graph, layout)
         self.source = emitter.kernel()
         self.layout = emitter.layout  # with the long-row rewrite (online max/sum) if it applied
@@ -390,6 +401,9 @@ class TritonKernel:
         self.shapes = {t: _shape(graph, t) for t in layout.outputs}
         self.dtypes = {t: graph.tensor(t).dtype for t in layout.outputs}
         self.module: Any = None
+        self.interpreted = False  # whether Triton's interpreter runs the kernel (set at load)
+        self._make_on_cpu = on_cpu
+        self._on_cpu: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
 
     def programs(self, device: torch.device) -> int:
         """Programs of the launch: one per row tile; at most 4 per SM with column partials."""
@@ -404,9 +418,12 @@ class TritonKernel:
         """Launch on ``values`` (every input of the group, on one device); return the outputs."""
         if self.module is None:
             self.module = load_generated(self.code, "t")
+            self.interpreted = type(self.module.kernel).__name__ == "InterpretedFunction"
         ins = [values[t].contiguous() for t in self.layout.inputs]
         on_gpu = [x.device for x in ins if x.device.type != "cpu"]
         device = on_gpu[0] if on_gpu else ins[0].device if ins else torch.device("cuda")
+        if device.type == "cpu" and not self.interpreted:
+            return self._cpu_kernel()(values)
         # a CPU scalar beside CUDA tensors (eager allows it: a 0-dim operand) moves over
         ins = [x if x.device == device else x.to(device) for x in ins]
         outs = {
@@ -432,3 +449,15 @@ class TritonKernel:
                 *parts[op], outs[op], n, BLOCK=block
             )
         return outs
+
+    def _cpu_kernel(
+        self,
+    ) -> Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]:
+        """The kernel for inputs on the CPU, made at its first use."""
+        if self._on_cpu is None:
+            if self._make_on_cpu is None:
+                raise ValueError(
+                    expected("stitch", "a Triton group's inputs", "on a GPU", "on the CPU")
+                )
+            self._on_cpu = self._make_on_cpu()
+        return self._on_cpu
