@@ -153,3 +153,131 @@ def test_single_reduction_group_keeps_the_faster_implementation(monkeypatch):
     torch.testing.assert_close(out[cap.graph.outputs[0]], x.sum(-1))
     for fn in kernel.options.values():  # both options are right, whichever was kept
         torch.testing.assert_close(fn({cap.graph.inputs[0]: x})[cap.graph.outputs[0]], x.sum(-1))
+
+
+_INDEXING = [
+    # (graph text, values, kind)
+    (  # an embedding
+        "input w: float32[10,6]\ninput t: int64[3,4]\ntensor y: float32[3,4,6]\n"
+        "y[i,j,k] = w[t[i,j],k]\noutput y\n",
+        {"w": (10, 6), "t": ((3, 4), 10)},
+        "index_select",
+    ),
+    (  # the same rows written in another order, from int32 indices
+        "input w: float32[10,6]\ninput t: int32[3,4]\ntensor y: float32[6,4,3]\n"
+        "y[k,j,i] = w[t[i,j],k]\noutput y\n",
+        {"w": (10, 6), "t": ((3, 4), 10)},
+        "index_select",
+    ),
+    (  # along a middle axis
+        "input x: float32[2,9,5]\ninput t: int64[7]\ntensor y: float32[2,7,5]\n"
+        "y[a,e,c] = x[a,t[e],c]\noutput y\n",
+        {"x": (2, 9, 5), "t": ((7,), 9)},
+        "index_select",
+    ),
+    (  # a loss's target logit
+        "input x: float32[5,11]\ninput t: int64[5,1]\ntensor y: float32[5,1]\n"
+        "y[i,j] = x[i,t[i,j]]\noutput y\n",
+        {"x": (5, 11), "t": ((5, 1), 11)},
+        "gather",
+    ),
+    (  # an embedding's gradient
+        "input v: float32[3,4,6]\ninput t: int64[3,4]\ntensor y: float32[10,6]\n"
+        "y[t[i,j],k] += v[i,j,k]\noutput y\n",
+        {"v": (3, 4, 6), "t": ((3, 4), 10)},
+        "index_add",
+    ),
+    (  # ... from a source stored in another order
+        "input v: float32[6,3,4]\ninput t: int64[3,4]\ntensor y: float32[10,6]\n"
+        "y[t[i,j],k] += v[k,i,j]\noutput y\n",
+        {"v": (6, 3, 4), "t": ((3, 4), 10)},
+        "index_add",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "shapes", "kind"), _INDEXING)
+def test_aten_indexing_equals_the_interpreter(text, shapes, kind):
+    from fusekit.ir import parse_graph
+    from fusekit.stitch.alone import AtenIndexing
+
+    g = parse_graph(text)
+    fast = AtenIndexing(g, "y")
+    assert fast.kind == kind
+    gen = torch.Generator().manual_seed(0)
+    values = {}
+    for name, spec in shapes.items():
+        if name == "t":
+            shape, high = spec
+            dtype = getattr(torch, g.tensor("t").dtype)
+            values[name] = torch.randint(0, high, shape, generator=gen).to(dtype)
+        else:
+            values[name] = torch.randn(*spec, generator=gen)
+    want = reference_group(g, ["y"], values)["y"]
+    got = fast(values)["y"]
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # two indirect axes
+        "input x: float32[4,4]\ninput t: int64[3]\ntensor y: float32[3]\n"
+        "y[i] = x[t[i],t[i]]\noutput y\n",
+        # an index computed from the index tensor
+        "input x: float32[9,2]\ninput t: int64[3]\ntensor y: float32[3,2]\n"
+        "y[i,k] = x[t[i] + 1,k]\noutput y\n",
+        # a gather broadcast over a variable the read lacks
+        "input x: float32[9]\ninput t: int64[3]\ntensor y: float32[3,2]\n"
+        "y[i,k] = x[t[i]]\noutput y\n",
+    ],
+)
+def test_aten_indexing_refuses_what_one_call_cannot_spell(text):
+    from fusekit.ir import parse_graph
+    from fusekit.stitch.alone import AtenIndexing
+
+    with pytest.raises(ValueError, match="stitch: y"):
+        AtenIndexing(parse_graph(text), "y")
+
+
+class _EmbedAndLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, tokens, labels):
+        logits = self.head(self.emb(tokens))
+        return nn.functional.cross_entropy(logits.view(-1, 50), labels.view(-1))
+
+
+def test_embeddings_and_losses_run_by_aten_not_the_interpreter():
+    # forward and backward through the torch.compile backend: the embedding, the target logit
+    # and the embedding's gradient are each one ATen call, and nothing runs interpreted
+    from fusekit.stitch import runner
+
+    made = []
+    real = runner.PlannedGraph.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+
+    torch.manual_seed(0)
+    model = _EmbedAndLoss()
+    tokens, labels = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (4, 8))
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(runner.PlannedGraph, "__init__", spy)
+        loss = torch.compile(model, backend="fusekit")(tokens, labels)
+        loss.backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(tokens, labels)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    kinds = [type(k).__name__ for planned in made for k in planned.kernels]
+    assert kinds.count("AtenIndexing") >= 3 and "_Alone" not in kinds

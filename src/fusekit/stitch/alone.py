@@ -1,6 +1,6 @@
 """Ops the plan runs alone, by their eager ATen calls rather than by the IR interpreter.
 
-Three fast paths, each with the interpreter as its reference (``reference_group`` in the runner;
+Four fast paths, each with the interpreter as its reference (``reference_group`` in the runner;
 the tests compare them):
 
 - a contraction ``Y[o] = sum_r A[a] * B[b] (+ C[c])`` (a GEMM, BMM or linear layer) runs as
@@ -9,6 +9,9 @@ the tests compare them):
 - a reduction of one plain read ``Y[o] = red_r X[a]`` (sum, max, min, mean) runs as the one
   ``torch.sum/amax/amin/mean`` over the reduced dims that eager calls (the runner times
   it against the op's stitched kernel: one op moves the same bytes either way);
+- a gather or scatter-add along one axis by one index tensor (an embedding, a loss's target
+  logit, an embedding's gradient) runs as the ``index_select``, ``gather`` or ``index_add_``
+  eager calls (:class:`AtenIndexing`);
 - a group of layout ops only (transpose, view, reshape, unsqueeze) becomes a strided view of its
   source, as eager returns one: the source offset of every output element is computed once per
   source stride signature and fitted to ``base + sum_d idx_d * stride_d``; a layout that is not
@@ -18,6 +21,7 @@ the tests compare them):
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -169,6 +173,113 @@ class AtenReduction:
         if self.perm is not None:
             y = y.permute(self.perm).contiguous()
         return {self.name: y}
+
+
+def _indirect_position(acc: Access) -> tuple[int, str, tuple[str, ...], tuple[str, ...]] | None:
+    """``X[v.., T[w..], v..]`` as ``(p, T, w, v)``.
+
+    One index is a plain read of an index tensor ``T``, the others are distinct variables
+    ``v``; ``None`` for any other form.
+    """
+    indirect = [d for d, t in enumerate(acc.indices) if not isinstance(t, IVar)]
+    if len(indirect) != 1:
+        return None
+    (p,) = indirect
+    term = acc.indices[p]
+    if not isinstance(term, Access) or (w := plain_vars(term)) is None:
+        return None
+    v = tuple(t.name for t in acc.indices if isinstance(t, IVar))
+    return (p, term.tensor, w, v) if len(set(v)) == len(v) else None
+
+
+class AtenIndexing:
+    """One gather or scatter-add op run by the single ATen call eager makes for it.
+
+    With ``T`` an index tensor read at distinct variables ``w`` and the other indices distinct
+    variables ``v``:
+
+    - ``Y[o] = X[v.., T[w..], v..]``, no ``v`` among ``w`` (an embedding), is
+      ``X.index_select(p, T.flatten())`` reshaped to ``(v.., w.., v..)``, permuted to ``o``;
+    - ``Y[w] = X[w_0, .., T[w], .., w_n]``, ``X`` read at ``T``'s own variables but ``w_p``
+      (a loss's target logit), is ``torch.gather(X, p, T)``;
+    - ``Y[v.., T[w..], v..] += V[a]``, no ``v`` among ``w`` and ``a`` a permutation of
+      ``(v.., w.., v..)`` (an embedding's gradient), is ``zeros(Y).index_add_(p, T.flatten(),
+      V)``.
+
+    Args:
+        graph: the graph (static shapes).
+        name: the op.
+
+    Raises:
+        ValueError: if the op is not of one of these forms (the runner then uses the
+            interpreter).
+    """
+
+    def __init__(self, graph: Graph, name: str) -> None:
+        op = graph.op(name)
+        self.name = name
+        self.shape = tuple(int(s) for s in graph.tensor(name).shape)
+        self.dtype = getattr(torch, graph.tensor(name).dtype)
+        self.perm: tuple[int, ...] | None = None
+        self.flat: tuple[int, ...] = ()
+        if not isinstance(op.expr, Access):
+            raise ValueError(f"stitch: {name} is not one read")
+        form = _indirect_position(op.out if op.accumulate else op.expr)
+        if form is None:
+            raise ValueError(f"stitch: {name} does not index one axis by one index tensor")
+        p, self.index, w, v = form
+        self.axis, self.src = p, op.expr.tensor
+        index_shape = tuple(int(s) for s in graph.tensor(self.index).shape)
+        labels = (*v[:p], *w, *v[p:])
+        if op.accumulate:  # a scatter-add of one plain read
+            va = plain_vars(op.expr)
+            if va is None or set(v) & set(w) or sorted(va) != sorted(labels):
+                raise ValueError(f"stitch: {name} scatters a read that is not its whole source")
+            plain_dims = [d for d in range(len(self.shape)) if d != p]
+            sizes = {**dict(zip(w, index_shape, strict=True)),
+                     **{x: self.shape[d] for d, x in zip(plain_dims, v, strict=True)}}  # fmt: skip
+            read = tuple(int(s) for s in graph.tensor(self.src).shape)
+            if read != tuple(sizes[x] for x in va):
+                raise ValueError(f"stitch: {name} scatters a slice of {self.src}")
+            self.kind = "index_add"
+            self.perm = None if va == labels else tuple(va.index(x) for x in labels)
+            self.flat = (*self.shape[:p], math.prod(index_shape), *self.shape[p + 1 :])
+            return
+        vo = plain_vars(op.out)
+        src_shape = tuple(int(s) for s in graph.tensor(self.src).shape)
+        if vo is not None and vo == w and len(w) == len(src_shape) and v == w[:p] + w[p + 1 :]:
+            if index_shape != self.shape:
+                raise ValueError(f"stitch: {name} reads a slice of {self.index}")
+            self.kind = "gather"  # X[.., T[o], ..] over T's own variables
+            return
+        if vo is None or set(v) & set(w) or sorted(labels) != sorted(vo):
+            raise ValueError(f"stitch: {name} is not a gather ATen spells in one call")
+        sizes = dict(zip(vo, self.shape, strict=True))
+        plain_dims = [d for d in range(len(src_shape)) if d != p]  # where v is read, in order
+        if any(src_shape[d] != sizes[x] for d, x in zip(plain_dims, v, strict=True)) or any(
+            n != sizes[x] for n, x in zip(index_shape, w, strict=True)
+        ):
+            raise ValueError(f"stitch: {name} reads a slice of {self.src}")
+        self.kind = "index_select"
+        self.perm = None if labels == vo else tuple(labels.index(x) for x in vo)
+        self.flat = (*src_shape[:p], *index_shape, *src_shape[p + 1 :])
+
+    def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: Y}``."""
+        x, index = values[self.src], values[self.index]
+        if index.dtype not in (torch.int64, torch.int32):
+            index = index.long()
+        if self.kind == "gather":
+            y = torch.gather(x, self.axis, index.long())
+        elif self.kind == "index_select":
+            y = x.index_select(self.axis, index.reshape(-1)).view(self.flat)
+            if self.perm is not None:
+                y = y.permute(self.perm).contiguous()
+        else:
+            src = x if self.perm is None else x.permute(self.perm)
+            y = torch.zeros(self.shape, dtype=self.dtype, device=x.device)
+            y.index_add_(self.axis, index.reshape(-1), src.reshape(self.flat).to(self.dtype))
+        return {self.name: y if y.dtype == self.dtype else y.to(self.dtype)}
 
 
 class LayoutViews:

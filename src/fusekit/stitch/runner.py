@@ -7,14 +7,14 @@
 
 An op that runs alone runs as eager would run it (:mod:`fusekit.stitch.alone`): a contraction
 (GEMM, BMM, linear) by its ATen call (``addmm``/``matmul``/``einsum``), a group of layout ops
-(transpose, view, reshape) as strided views of its source; any other op alone (an opaque op, an
-op no kernel could take) by the IR interpreter on its one-op subgraph. A stitched group of one
-reduction keeps whichever of its kernel and eager's ATen call the first run times faster
-(:class:`TimedChoice`). The reference of a whole
-group is :func:`reference_group` (the interpreter on the group's subgraph). Shapes are
-specialised at capture: :class:`Stitched` re-captures and re-plans for new input shapes (one plan
-per shape signature); a :class:`PlannedGraph` given other shapes raises a ``ValueError`` naming
-the input.
+(transpose, view, reshape) as strided views of its source, a gather or scatter-add along one
+axis by its ``index_select``/``gather``/``index_add_``, an opaque op by its ATen call; any other
+op alone (one no kernel could take) by the IR interpreter on its one-op subgraph. A stitched
+group of one reduction keeps whichever of its kernel and eager's ATen call the first run times
+faster (:class:`TimedChoice`). The reference of a whole group is :func:`reference_group` (the
+interpreter on the group's subgraph). Shapes are specialised at capture: :class:`Stitched`
+re-captures and re-plans for new input shapes (one plan per shape signature); a
+:class:`PlannedGraph` given other shapes raises a ``ValueError`` naming the input.
 
 Chains. The first call runs the kernels one by one (:meth:`PlannedGraph.run_each`, the
 reference); from the second, each run of consecutive CPU kernels runs as one
@@ -44,9 +44,9 @@ from fusekit.ir.capture import Capture, capture
 from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret, opaque_call
-from fusekit.ir.op import Op
+from fusekit.ir.op import Op, OpKind
 from fusekit.search.measure import time_call
-from fusekit.stitch.alone import AtenContraction, AtenReduction, LayoutViews
+from fusekit.stitch.alone import AtenContraction, AtenIndexing, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.chain import Chain
 from fusekit.stitch.classify import OpClass, classify, layout_only
@@ -280,6 +280,11 @@ def _kernel(graph: Graph, group: Candidate, backend: str) -> Callable[..., dict[
         if name is not None and classify(graph, name) is OpClass.GEMM:
             try:
                 return AtenContraction(graph, name)
+            except ValueError:
+                pass
+        if name is not None and graph.op(name).kind in (OpKind.GATHER, OpKind.SCATTER):
+            try:
+                return AtenIndexing(graph, name)
             except ValueError:
                 pass
         return _Alone(graph, group)
