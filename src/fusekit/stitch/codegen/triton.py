@@ -369,13 +369,16 @@ def generate_triton(graph: Graph, layout: Layout) -> str:
     return _Emitter(graph, layout).kernel()
 
 
+#: A group's run: its input values by name to its outputs by name.
+GroupRun = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
 class TritonKernel:
     """A group compiled to Triton: call it with the group's input tensors, get its outputs.
 
     Args:
         graph: the planned graph.
         layout: the group's :class:`Layout`.
-
         on_cpu: makes the group's kernel for inputs that all live on the CPU (eager computes
             such a group there, and Triton launches on GPU memory only); called at the first
             such call. Under Triton's interpreter the Triton kernel runs on them.
@@ -388,8 +391,7 @@ class TritonKernel:
         self,
         graph: Graph,
         layout: Layout,
-        on_cpu: Callable[[], Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]]
-        | None = None,
+        on_cpu: Callable[[], GroupRun] | None = None,
     ) -> None:
         emitter = _Emitter(graph, layout)
         self.source = emitter.kernel()
@@ -403,7 +405,7 @@ class TritonKernel:
         self.module: Any = None
         self.interpreted = False  # whether Triton's interpreter runs the kernel (set at load)
         self._make_on_cpu = on_cpu
-        self._on_cpu: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+        self._on_cpu: GroupRun | None = None
 
     def programs(self, device: torch.device) -> int:
         """Programs of the launch: one per row tile; at most 4 per SM with column partials."""
@@ -450,9 +452,7 @@ class TritonKernel:
             )
         return outs
 
-    def _cpu_kernel(
-        self,
-    ) -> Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    def _cpu_kernel(self) -> GroupRun:
         """The kernel for inputs on the CPU, made at its first use."""
         if self._on_cpu is None:
             if self._make_on_cpu is None:
