@@ -186,6 +186,31 @@ def _ivars(t: IndexTerm) -> list[IVar]:
     return []
 
 
+def rebuild(
+    graph: Graph, target: CPUTarget | GPUTarget, groups: list[frozenset[str]]
+) -> list[Candidate]:
+    """The candidates of ``groups`` (a cached plan's), as :func:`enumerate_candidates` makes them.
+
+    Raises:
+        ValueError: if some group is no longer one kernel of ``graph`` (an unknown op, or a
+            group that does not stitch).
+    """
+    classes = classify_graph(graph)
+    views = returned_views(graph, classes)
+    fusable = {name for name, cls in classes.items() if cls in FUSABLE} - views
+    grower = _Grower(graph, target, {}, fusable, views)
+    known = {op.name for op in graph.ops}
+    out = []
+    for ops in groups:
+        if not ops <= known:
+            raise ValueError(f"stitch: a cached group names unknown ops {sorted(ops - known)}")
+        found = grower.lone(next(iter(ops))) if len(ops) == 1 else grower.group_unchecked(ops)
+        if found is None:
+            raise ValueError(f"stitch: a cached group no longer stitches: {sorted(ops)}")
+        out.append(found)
+    return out
+
+
 def enumerate_candidates(
     graph: Graph,
     target: CPUTarget | GPUTarget,

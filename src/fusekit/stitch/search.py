@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 from fusekit.ir.expr import Opaque
-from fusekit.ir.graph import Graph
+from fusekit.ir.graph import Graph, format_graph
 from fusekit.ir.refine import refine_dims
 from fusekit.search.ilp import solve_partition
-from fusekit.stitch.candidates import Candidate, enumerate_candidates
+from fusekit.stitch import plancache
+from fusekit.stitch.candidates import Candidate, enumerate_candidates, rebuild
 from fusekit.stitch.epilogue import split_epilogues
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Plan:
         optimal: whether the ILP proved the plan optimal.
         timed_out: whether the time limit cut the ILP short.
         method: ``"ilp"`` or ``"greedy"``.
+        cached: whether the groups came from the plan cache (:mod:`fusekit.stitch.plancache`;
+            the figures are those of the run that planned them).
     """
 
     graph: Graph
@@ -60,6 +63,7 @@ class Plan:
     optimal: bool
     timed_out: bool
     method: str
+    cached: bool = False
 
     @property
     def kernels(self) -> int:
@@ -148,6 +152,7 @@ def plan(
     method: str = "ilp",
     time_limit_s: float = 5.0,
     top_k: int = 3,
+    cache: bool = True,
 ) -> Plan:
     """Plan the fusion of ``graph`` for ``target``.
 
@@ -161,6 +166,8 @@ def plan(
         method: ``"ilp"`` (HiGHS, greedy warm start) or ``"greedy"``.
         time_limit_s: ILP time limit; the best plan found so far is returned on time-out.
         top_k: candidate groups kept per dominant op.
+        cache: read and write the plan cache (:mod:`fusekit.stitch.plancache`; also off with
+            ``FUSEKIT_PLAN_CACHE=0``).
 
     Returns:
         The :class:`Plan`.
@@ -173,6 +180,46 @@ def plan(
     start = time.perf_counter()
     graph = refine_dims(graph)  # reshapes of merged dims become plain reads
     graph = split_epilogues(graph)  # a GEMM's bias add may stitch into its consumer
+    key = None
+    if cache and plancache.enabled():
+        key = plancache.plan_key(format_graph(graph), target, (method, time_limit_s, top_k))
+        hit = _cached(graph, target, key)
+        if hit is not None:
+            return hit
+    found = _plan(graph, target, method, time_limit_s, top_k, start)
+    if key is not None:
+        plancache.store(key, [sorted(g.ops) for g in found.groups],
+                        {k: getattr(found, k) for k in plancache.FIGURES})  # fmt: skip
+    return found
+
+
+def _cached(graph: Graph, target: CPUTarget | GPUTarget, key: str) -> Plan | None:
+    """The plan cached under ``key``, its groups rebuilt; ``None`` if absent or stale."""
+    entry = plancache.load(key)
+    if entry is None:
+        return None
+    try:
+        groups = rebuild(graph, target, [frozenset(g) for g in entry["groups"]])
+        covered = sorted(o for g in groups for o in g.ops)
+        if covered != sorted(op.name for op in graph.ops):
+            raise ValueError("stitch: a cached plan does not cover every op once")
+        ordered = _order(graph, groups)
+    except ValueError as e:
+        log.info("stitch: planning again: %s", e)
+        return None
+    figures = {k: entry[k] for k in plancache.FIGURES}
+    return Plan(graph, ordered, **figures, cached=True)
+
+
+def _plan(
+    graph: Graph,
+    target: CPUTarget | GPUTarget,
+    method: str,
+    time_limit_s: float,
+    top_k: int,
+    start: float,
+) -> Plan:
+    """:func:`plan` on the refined graph, without the cache."""
     candidates = enumerate_candidates(graph, target, top_k=top_k)
     candidates_s = time.perf_counter() - start
     unfused_s = sum(c.cost.total_s for c in candidates if len(c.ops) == 1)
