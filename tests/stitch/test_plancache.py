@@ -51,6 +51,9 @@ def test_a_second_plan_is_the_cached_one_and_runs_the_same(cached, target, monke
         g.layout.scheme if g.layout else None for g in first.groups
     ]
     assert second.objective_s == first.objective_s
+    from fusekit.stitch.commands import plan_summary
+
+    assert plan_summary(second)["cached"] and not plan_summary(first)["cached"]
     values = cap.values(*w.args)
     with torch.no_grad():
         want = w.module(*w.args)

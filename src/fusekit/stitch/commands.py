@@ -92,6 +92,7 @@ def plan_summary(plan: Any) -> dict[str, Any]:
         "candidates": plan.n_candidates,
         "optimal": plan.optimal,
         "timed_out": plan.timed_out,
+        "cached": plan.cached,
         "groups": [
             {
                 "ops": sorted(g.ops),
@@ -141,7 +142,8 @@ def plan_command(
         f"{p.objective_s * 1e6:.1f} us (greedy {p.greedy_s * 1e6:.1f}, every op alone "
         f"{p.unfused_s * 1e6:.1f}: x{summary['predicted_speedup']:.2f}); bound "
         f"{p.bound_s * 1e6:.1f} us; ILP {p.solve_s * 1e3:.1f} ms over {p.n_candidates} "
-        f"candidates ({'optimal' if p.optimal else 'time limit'})",
+        f"candidates ({'optimal' if p.optimal else 'time limit'})"
+        + ("; from the plan cache (those figures are the planning run's)" if p.cached else ""),
         wide=wide,
     )
 
