@@ -80,6 +80,7 @@ def test_the_key_changes_with_the_graph_the_target_and_the_options(cached, targe
         json.dumps({"groups": [["no_such_op"]]}),  # figures missing: malformed
         "TWICE",  # a group listed twice: the plan would run its ops twice
         "UNKNOWN",  # a group of an op the graph lacks
+        "TYPE",  # a figure of the wrong type
     ],
 )
 def test_a_bad_entry_is_ignored_and_the_graph_planned_again(cached, target, entry):
@@ -89,6 +90,10 @@ def test_a_bad_entry_is_ignored_and_the_graph_planned_again(cached, target, entr
     if entry == "TWICE":
         good = json.loads(path.read_text())
         good["groups"].append(good["groups"][0])
+        entry = json.dumps(good)
+    elif entry == "TYPE":
+        good = json.loads(path.read_text())
+        good["optimal"] = "yes"
         entry = json.dumps(good)
     elif entry == "UNKNOWN":
         good = json.loads(path.read_text())

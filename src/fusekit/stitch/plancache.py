@@ -41,9 +41,13 @@ PLANNER_MODULES = (
     "fusekit.search.ilp",
 )
 
-#: What an entry holds besides the groups: :class:`~fusekit.stitch.search.Plan`'s figures.
-FIGURES = ("objective_s", "bound_s", "greedy_s", "unfused_s", "solve_s", "candidates_s",
-           "n_candidates", "optimal", "timed_out", "method")  # fmt: skip
+#: What an entry holds besides the groups: :class:`~fusekit.stitch.search.Plan`'s figures,
+#: with their JSON types.
+FIGURES: dict[str, tuple[type, ...]] = {
+    "objective_s": (int, float), "bound_s": (int, float), "greedy_s": (int, float),
+    "unfused_s": (int, float), "solve_s": (int, float), "candidates_s": (int, float),
+    "n_candidates": (int,), "optimal": (bool,), "timed_out": (bool,), "method": (str,),
+}  # fmt: skip
 
 
 def enabled() -> bool:
@@ -84,7 +88,7 @@ def load(key: str, folder: Path | None = None) -> dict[str, Any] | None:
     groups = entry.get("groups") if isinstance(entry, dict) else None
     if not (isinstance(groups, list) and all(
         isinstance(g, list) and g and all(isinstance(o, str) for o in g) for g in groups
-    ) and all(k in entry for k in FIGURES)):  # fmt: skip
+    ) and all(isinstance(entry.get(k), t) for k, t in FIGURES.items())):  # fmt: skip
         log.info("stitch: ignoring the malformed cached plan %s", path)
         return None
     return dict(entry)

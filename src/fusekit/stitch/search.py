@@ -9,7 +9,8 @@ r"""The fusion plan: a greedy plan, then the ILP over all candidates (HiGHS), wa
 groups are contracted (:meth:`fusekit.ir.Graph.find_quotient_cycle`) and a cycle found forbids
 its chosen candidates together. The greedy plan (best gain first, skipping overlaps and cycles,
 the rest alone) is the MIP start, so the ILP answer is never worse; on time-out the best plan
-passing every cycle check is returned with a warning.
+passing every cycle check is returned with a warning. A graph planned before for the same target
+and options takes its groups from the plan cache (:mod:`fusekit.stitch.plancache`).
 """
 
 from __future__ import annotations
