@@ -449,7 +449,7 @@ def optimizer_part(family: Family, repeats: int) -> list[dict[str, Any]]:
     over fusekit's median.
     """
     from fusekit.hw import detect
-    from fusekit.hw.detect_gpu import measure_gpu
+    from fusekit.hw.detect_gpu import detect_gpu
 
     torch.manual_seed(0)
     base = family.build().to(DEVICE)
@@ -476,7 +476,7 @@ def optimizer_part(family: Family, repeats: int) -> list[dict[str, Any]]:
               for k in ("compile", "fusekit")}  # fmt: skip
     times = time_alternating(fns, 3 * repeats, TIMED_S)
     elements = sum(p.numel() for p in base.parameters())
-    bw = detect().mem_bw_bytes_per_s if DEVICE.type == "cpu" else measure_gpu()["copy_bytes_per_s"]
+    bw = (detect() if DEVICE.type == "cpu" else detect_gpu()).mem_bw_bytes_per_s
     row = {
         "part": "optimizer", "family": family.name, "problem": f"{family.name} AdamW step",
         "parameters": len(grads), "elements": elements, **_timed_row(first, errors, times),

@@ -476,3 +476,34 @@ def test_a_backward_of_one_chain_returns_none_for_inputs_without_gradient(
         torch.testing.assert_close(w.grad, want_w.grad, rtol=1e-5, atol=1e-6)
     assert len(compiled_graphs) == 2  # forward and backward
     assert len(calls) == 2  # the first of each; then straight
+
+
+class _EmbedAndLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, tokens, labels):
+        logits = self.head(self.emb(tokens))
+        return torch.nn.functional.cross_entropy(logits.view(-1, 50), labels.view(-1))
+
+
+def test_embeddings_and_losses_run_by_aten_not_the_interpreter(compiled_graphs):
+    # forward and backward through the backend: the embedding, the target logit and the
+    # embedding's gradient are each one ATen call (stitch.alone.AtenIndexing), none interpreted
+    torch.manual_seed(0)
+    model = _EmbedAndLoss()
+    tokens, labels = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (4, 8))
+    loss = torch.compile(model, backend="fusekit")(tokens, labels)
+    loss.backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(tokens, labels)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    planned = [p.compiled for g in compiled_graphs for p in [g._static, *g.plans.values()] if p]
+    kinds = [type(k).__name__ for pg in planned if pg is not None for k in pg.kernels]
+    assert kinds.count("AtenIndexing") >= 3 and "_Alone" not in kinds
