@@ -35,3 +35,35 @@ def test_max_total_s_stops_a_slow_call_early():
 
     timing = time_call(lambda: time.sleep(0.01), repeats=50, warmup=0, max_total_s=0.02)
     assert 3 <= timing.samples < 50
+
+
+def test_fastest_interleaves_rounds_and_keeps_each_best_median():
+    import time
+
+    from fusekit.search import fastest
+
+    order: list[str] = []
+
+    def option(name: str, seconds: float):
+        def call() -> None:
+            order.append(name)
+            time.sleep(seconds)
+
+        return call
+
+    name, best = fastest(
+        {"slow": option("slow", 0.004), "quick": option("quick", 0.0)}, rounds=2, repeats=1
+    )
+    assert name == "quick" and set(best) == {"slow", "quick"}
+    assert best["quick"] < 0.004 <= best["slow"]
+    # round 1 warms each up once and times it once, round 2 times each again
+    assert order == ["slow", "slow", "quick", "quick", "slow", "quick"]
+
+
+def test_fastest_rejects_no_options_and_no_rounds():
+    from fusekit.search import fastest
+
+    with pytest.raises(ValueError, match="options"):
+        fastest({})
+    with pytest.raises(ValueError, match="rounds"):
+        fastest({"a": lambda: None}, rounds=0)

@@ -20,6 +20,28 @@ class _Linear(nn.Module):
         return self.fc(x)
 
 
+class _Mm(nn.Module):
+    """``mm(x, W.t())``, as AOTAutograd spells a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(5, 12))
+
+    def forward(self, x):
+        return torch.mm(x, self.w.t())
+
+
+class _Addmm(nn.Module):
+    """``addmm(b, x, W)``, GPT-2's Conv1D."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(12, 5)), nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        return torch.addmm(self.b, x, self.w)
+
+
 class _Bmm(nn.Module):
     def forward(self, q, k):
         return torch.bmm(q, k.transpose(1, 2))
@@ -34,6 +56,8 @@ class _Einsum(nn.Module):
     ("module", "args", "path"),
     [
         (_Linear(), (torch.randn(3, 7, 12),), "linear"),
+        (_Mm(), (torch.randn(7, 12),), "gemm"),
+        (_Addmm(), (torch.randn(7, 12),), "gemm"),
         (_Bmm(), (torch.randn(4, 6, 8), torch.randn(4, 5, 8)), "matmul"),
         (_Einsum(), (torch.randn(3, 4, 5), torch.randn(5, 4, 6)), None),
     ],
@@ -49,11 +73,82 @@ def test_contraction_matches_interpreter(module, args, path):
         if path == "linear":
             assert fast.linear
         elif path == "matmul":
-            assert fast.perm_a is not None
+            assert fast.perm_a is not None and not fast.gemm
+        elif path == "gemm":
+            assert fast.gemm
         got = fast(values)[op.name]
         want = reference_group(cap.graph, [op.name], values)[op.name]
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # fp32, same BLAS sums
         values[op.name] = want
+
+
+def _linear_operands(bias: bool, transposed: bool):
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(33, 40, generator=gen)
+    # the weight as nn.Linear keeps it, [out, in], or as GPT-2's Conv1D does, [in, out]
+    w = torch.randn(40, 24, generator=gen).t() if transposed else torch.randn(24, 40, generator=gen)
+    return a, w, torch.randn(24, generator=gen) if bias else None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_every_linear_call_equals_the_eager_one(bias, transposed):
+    from fusekit.stitch.alone import LINEAR_CALLS, eager_linear, linear_signature
+
+    a, w, b = _linear_operands(bias, transposed)
+    want = torch.nn.functional.linear(a, w, b)
+    torch.testing.assert_close(eager_linear(a, w, b), want, rtol=0, atol=0)
+    if linear_signature(a, w, b) is None:
+        pytest.skip("this torch has no oneDNN")
+    for name, call in LINEAR_CALLS.items():
+        torch.testing.assert_close(call(a, w, b), want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_linear_times_each_signature_once_and_runs_its_pick(monkeypatch):
+    from fusekit.stitch import alone
+
+    a, w, b = _linear_operands(bias=True, transposed=False)
+    if alone.linear_signature(a, w, b) is None:
+        pytest.skip("this torch has no oneDNN")
+    timed: list[set[str]] = []
+
+    def fastest(calls, rounds, repeats, min_total_s):
+        timed.append(set(calls))
+        return "onednn", {}
+
+    ran: list[str] = []
+    calls = {
+        name: (lambda fn, name: lambda *args: (ran.append(name), fn(*args))[1])(fn, name)
+        for name, fn in alone.LINEAR_CALLS.items()
+    }
+    monkeypatch.setattr(alone, "fastest", fastest)
+    monkeypatch.setattr(alone, "LINEAR_CALLS", calls)
+    monkeypatch.setattr(alone, "LINEAR_CHOICES", {})
+    for _ in range(3):
+        alone.linear(a, w, b)
+    alone.linear(a[:20], w, b)  # another signature
+    assert timed == [{"aten", "onednn"}] * 2 and ran == ["onednn"] * 4
+    assert set(alone.LINEAR_CHOICES.values()) == {"onednn"} and len(alone.LINEAR_CHOICES) == 2
+
+
+def test_linear_stays_on_eager_where_onednn_cannot_or_must_not_run(monkeypatch):
+    from fusekit.stitch.alone import ONEDNN_ENV, linear, linear_signature
+
+    a, w, b = _linear_operands(bias=True, transposed=False)
+    if linear_signature(a, w, b) is None:
+        pytest.skip("this torch has no oneDNN")
+    assert linear_signature(a.double(), w.double(), b.double()) is None  # fp32 only
+    assert linear_signature(a, w, b[None]) is None  # a bias that is not a vector
+    w_grad = w.clone().requires_grad_()
+    assert linear_signature(a, w_grad, b) is None  # its op has no derivative
+    with torch.no_grad():
+        assert linear_signature(a, w_grad, b) is not None
+    y = linear(a, w_grad, b)
+    y.sum().backward()  # autograd goes through eager's call
+    torch.testing.assert_close(w_grad.grad, a.sum(0).expand(24, 40))
+    monkeypatch.setenv(ONEDNN_ENV, "0")
+    assert linear_signature(a, w, b) is None
+    torch.testing.assert_close(linear(a, w, b), torch.nn.functional.linear(a, w, b), rtol=0, atol=0)
 
 
 def test_fit_strides_transpose_and_split():

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fusekit.search.executor import SerialExecutor as SerialExecutor
     from fusekit.search.executor import default_workers as default_workers
     from fusekit.search.measure import Timing as Timing
+    from fusekit.search.measure import fastest as fastest
     from fusekit.search.measure import time_call as time_call
     from fusekit.search.space import Knob as Knob
     from fusekit.search.space import Space as Space
@@ -37,6 +38,7 @@ _WHERE = {
     "default_workers": "executor",
     "Timing": "measure",
     "time_call": "measure",
+    "fastest": "measure",
     "Knob": "space",
     "Space": "space",
     "point_key": "space",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fusekit.errors import expected
@@ -82,3 +82,33 @@ def time_call(
     else:
         q10, q90 = samples[0], samples[-1]
     return Timing(statistics.median(samples), q10, q90, len(samples))
+
+
+def fastest(
+    options: Mapping[str, Callable[[], object]],
+    rounds: int = 3,
+    repeats: int = 5,
+    warmup: int = 1,
+    min_total_s: float = 0.0,
+) -> tuple[str, dict[str, float]]:
+    """The option whose best round's median is least, and every option's such time (seconds).
+
+    The rounds interleave the options (round 1 times each, then round 2 ...), so a burst of
+    load on a shared machine hits all of them alike; each round is :func:`time_call` with
+    ``repeats`` and ``min_total_s``, the first after ``warmup`` untimed calls.
+
+    Raises:
+        ValueError: ``options`` is empty, or ``rounds < 1``.
+    """
+    if not options:
+        raise ValueError(expected("fastest", "options", "at least one", "none"))
+    if rounds < 1:
+        raise ValueError(expected("fastest", "rounds", ">= 1", rounds))
+    best = {name: float("inf") for name in options}
+    for r in range(rounds):
+        for name, fn in options.items():
+            timing = time_call(
+                fn, repeats=repeats, warmup=warmup if r == 0 else 0, min_total_s=min_total_s
+            )
+            best[name] = min(best[name], timing.median_s)
+    return min(best, key=best.__getitem__), best

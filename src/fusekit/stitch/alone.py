@@ -5,7 +5,11 @@ the tests compare them):
 
 - a contraction ``Y[o] = sum_r A[a] * B[b] (+ C[c])`` (a GEMM, BMM or linear layer) runs as
   ``torch.addmm``/``torch.mm`` (``A[n,l] W[k,l] + b[k]``: ``F.linear``'s own call) or
-  ``torch.matmul`` on permuted views (``A[batch,m,k] B[batch,k,n]``), else ``torch.einsum``;
+  ``torch.matmul`` on permuted views (``A[batch,m,k] B[batch,k,n]``), else ``torch.einsum``.
+  A linear layer in fp32 on the CPU may instead run as oneDNN's inner product over the same
+  ``[k, l]`` weight (``mkldnn::_linear_pointwise``, no packing, so nothing to keep in step with
+  the weight): :func:`linear` times both once per shape signature and keeps the faster, since
+  MKL's ``sgemm`` with a transposed B is up to 1.2x slower on some CPUs and not on others;
 - a reduction of one plain read ``Y[o] = red_r X[a]`` (sum, max, min, mean) runs as the one
   ``torch.sum/amax/amin/mean`` over the reduced dims that eager calls (the runner times
   it against the op's stitched kernel: one op moves the same bytes either way);
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -32,6 +38,7 @@ from fusekit.ir.expr import Access, Bin, IVar, Reduce, ReduceOp
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Op
 from fusekit.ir.strides import fit_strides
+from fusekit.search.measure import fastest
 from fusekit.stitch.schemes import Layout, Unfusable, fold_layouts
 
 
@@ -108,15 +115,20 @@ class AtenContraction:
             if sorted(va) == sorted(want_a) and sorted(vb) == sorted(want_b):
                 self.perm_a = tuple(va.index(v) for v in want_a)
                 self.perm_b = tuple(vb.index(v) for v in want_b)
+        # a plain GEMM A[m, k] B[k, n] (+ c[n]): B is often a transposed weight, W.t()
+        self.gemm = self.perm_a is not None and len(vo) == 2 and vc in ((), (vo[-1],))
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{name: Y}`` from the values of the operands."""
         a, b = values[self.a], values[self.b]
         c = values[self.bias] if self.bias is not None else None
         if self.linear:
-            a2 = a.reshape(-1, a.shape[-1])
-            y = torch.mm(a2, b.t()) if c is None else torch.addmm(c, a2, b.t())
+            y = linear(a.reshape(-1, a.shape[-1]), b, c)
             return {self.name: y.reshape(self.out_shape)}
+        if self.gemm:
+            assert self.perm_a is not None and self.perm_b is not None
+            y = linear(a.permute(self.perm_a), b.permute(self.perm_b).t(), c)
+            return {self.name: y}
         if self.perm_a is not None and self.perm_b is not None:
             y = torch.matmul(a.permute(self.perm_a), b.permute(self.perm_b))
         else:
@@ -129,6 +141,77 @@ class AtenContraction:
         if self.bias_perm is not None:
             c = c.permute(self.bias_perm)
         return c.reshape(self.bias_shape)
+
+
+LinearCall = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def eager_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``Y[n,k] = sum_l a[n,l] w[k,l] (+ bias[k])`` as ``F.linear`` computes it (the reference)."""
+    return torch.mm(a, w.t()) if bias is None else torch.addmm(bias, a, w.t())
+
+
+def onednn_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The same product by oneDNN's inner product over the plain ``[k, l]`` weight."""
+    return torch.ops.mkldnn._linear_pointwise(a, w, bias, "none", [], "")
+
+
+#: The implementations :func:`linear` chooses between, the reference first.
+LINEAR_CALLS: Mapping[str, LinearCall] = MappingProxyType(
+    {"aten": eager_linear, "onednn": onednn_linear}
+)
+
+#: The implementation each linear signature runs, chosen at its first call in the process:
+#: ``{linear_signature(...): name in LINEAR_CALLS}``.
+LINEAR_CHOICES: dict[tuple[Any, ...], str] = {}
+
+#: Seconds each timing round of a linear choice spends at least (a millisecond GEMM's single
+#: call is too noisy to decide on).
+LINEAR_ROUND_S = 0.02
+
+#: ``FUSEKIT_ONEDNN=0`` keeps every linear layer on eager's call (results then equal eager's
+#: bit for bit; oneDNN's sums run in another order, within fp32 rounding).
+ONEDNN_ENV = "FUSEKIT_ONEDNN"
+
+
+def linear_signature(
+    a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[Any, ...] | None:
+    """What the choice of :func:`linear` depends on, or ``None`` where only eager's call runs.
+
+    oneDNN is a choice for fp32 CPU tensors, a 1-d bias, and no autograd through the call
+    (its op has no derivative; the forward graphs AOTAutograd hands over run without grad).
+    """
+    tensors = (a, w) if bias is None else (a, w, bias)
+    if (
+        os.environ.get(ONEDNN_ENV, "1") == "0" or not torch.backends.mkldnn.is_available()
+        or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors)
+        or (bias is not None and bias.dim() != 1)
+        or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    ):  # fmt: skip
+        return None
+    return (
+        tuple(a.shape), a.stride(), tuple(w.shape), w.stride(), bias is not None,
+        torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``Y[n,k] = sum_l a[n,l] w[k,l] (+ bias[k])`` by the faster of :data:`LINEAR_CALLS`.
+
+    The first call of a signature times each implementation (three interleaved rounds of at
+    least one call and :data:`LINEAR_ROUND_S` seconds, after a warm-up) and records the pick in
+    :data:`LINEAR_CHOICES`.
+    """
+    key = linear_signature(a, w, bias)
+    if key is None:
+        return eager_linear(a, w, bias)
+    choice = LINEAR_CHOICES.get(key)
+    if choice is None:
+        calls = {name: partial(fn, a, w, bias) for name, fn in LINEAR_CALLS.items()}
+        choice, _ = fastest(calls, rounds=3, repeats=1, min_total_s=LINEAR_ROUND_S)
+        LINEAR_CHOICES[key] = choice
+    return LINEAR_CALLS[choice](a, w, bias)
 
 
 #: The ATen reduction eager calls for each reduction of the IR.

@@ -45,7 +45,7 @@ from fusekit.ir.expr import Opaque
 from fusekit.ir.graph import Graph
 from fusekit.ir.interpret import interpret, opaque_call
 from fusekit.ir.op import Op, OpKind
-from fusekit.search.measure import time_call
+from fusekit.search.measure import fastest
 from fusekit.stitch.alone import AtenContraction, AtenIndexing, AtenReduction, LayoutViews
 from fusekit.stitch.candidates import Candidate
 from fusekit.stitch.chain import Chain
@@ -262,13 +262,10 @@ class TimedChoice:
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The kept implementation's outputs (the first call times every one, then keeps one)."""
         if self.choice is None:
-            rounds: dict[str, list[float]] = {name: [] for name in self.options}
-            for _ in range(TUNE_ROUNDS):  # interleaved, so a burst of load hits both
-                for name, fn in self.options.items():
-                    timing = time_call(partial(fn, values), repeats=TUNE_REPEATS)
-                    rounds[name].append(timing.median_s)
-            self.medians_s = {name: min(ts) for name, ts in rounds.items()}
-            self.choice = min(self.medians_s, key=self.medians_s.__getitem__)
+            self.choice, self.medians_s = fastest(
+                {name: partial(fn, values) for name, fn in self.options.items()},
+                rounds=TUNE_ROUNDS, repeats=TUNE_REPEATS,
+            )  # fmt: skip
         return self.options[self.choice](values)
 
 
