@@ -62,3 +62,41 @@ def test_a_bias_add_left_alone_runs_as_one_aten_call():
         torch.testing.assert_close(stitched(_x()), model(_x()), rtol=1e-5, atol=1e-6)
     (kernel,) = planned.kernels
     assert isinstance(kernel, AtenContraction) and kernel.bias is not None
+
+
+class LinearHeads(torch.nn.Module):
+    """A query projection split into heads, as attention does before its BMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.fc(x).view(4, 4, 3, 16).transpose(1, 2)  # [batch, heads, seq, dim]
+        return q @ q.transpose(-1, -2)
+
+
+def test_a_bias_add_before_a_head_split_stays_in_the_gemm_call():
+    from fusekit.stitch.alone import LayoutViews
+    from fusekit.stitch.epilogue import epilogue_gemm
+    from fusekit.stitch.model import estimate, estimate_epilogue
+
+    torch.manual_seed(0)
+    model = LinearHeads().eval()
+    stitched = Stitched(model, detect())
+    _, planned = stitched.prepare(_x())
+    graph, target = planned.graph, detect()
+    (gemm,) = [op.name for op in graph.ops if op.name.endswith("_mm")]
+    (add,) = [op.name for op in graph.consumers(gemm)]
+    assert epilogue_gemm(graph, add) == gemm
+    # alone, the add costs addmm's broadcast of the bias into Y: a pass over Y less than its
+    # own kernel, which reads the product too
+    inside, kernel = estimate_epilogue(graph, gemm, add, target), estimate(graph, [add], target)
+    assert kernel.dram_bytes - inside.dram_bytes == 4 * 16 * 48 and inside.launches == 0
+    # so the head split is not stitched to the add (a kernel writing the transposed copy)
+    # but left a view of the GEMM call's output
+    assert frozenset({add}) in {g.ops for g in planned.plan.groups}
+    assert not [k for k in planned.kernels if isinstance(k, CpuKernel)]
+    assert any(isinstance(k, LayoutViews) for k in planned.kernels)
+    with torch.no_grad():
+        torch.testing.assert_close(stitched(_x()), model(_x()), rtol=1e-5, atol=1e-5)

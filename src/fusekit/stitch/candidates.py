@@ -33,7 +33,8 @@ from fusekit.ir.expr import Access, IBin, IndexTerm, IVar, walk
 from fusekit.ir.graph import Graph
 from fusekit.ir.op import Op
 from fusekit.stitch.classify import FUSABLE, OpClass, classify_graph, dominant_ops
-from fusekit.stitch.model import GroupCost, estimate
+from fusekit.stitch.epilogue import epilogue_gemm
+from fusekit.stitch.model import GroupCost, estimate, estimate_epilogue
 from fusekit.stitch.schemes import Layout, Unfusable, analyze, fold_layouts
 
 
@@ -75,8 +76,12 @@ class _Grower:
             reason = "" if layout else "not a memory-intensive op"
         except Unfusable as e:
             layout, reason = None, str(e)
-        return Candidate(frozenset({op}), layout, estimate(self.graph, [op], self.target, layout),
-                         reason)  # fmt: skip
+        gemm = epilogue_gemm(self.graph, op)
+        cost = (
+            estimate(self.graph, [op], self.target, layout) if gemm is None
+            else estimate_epilogue(self.graph, gemm, op, self.target)
+        )  # fmt: skip
+        return Candidate(frozenset({op}), layout, cost, reason)
 
     def group(self, ops: frozenset[str]) -> Candidate | None:
         """The candidate of ``ops`` if it is convex and one kernel (memoised), else ``None``.

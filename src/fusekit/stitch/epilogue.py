@@ -91,3 +91,14 @@ def merged_addend(graph: Graph, gemm: str, add: str) -> Op | None:
             both = Bin("+", g.expr, other) if first else Bin("+", other, g.expr)
             return Op(a.out, both, origin=a.origin)
     return None
+
+
+def epilogue_gemm(graph: Graph, add: str) -> str | None:
+    """The contraction whose epilogue ``add`` is (:func:`merged_addend` of the two), else ``None``.
+
+    Such an add, left alone by the plan, runs inside the contraction's ATen call.
+    """
+    for name in graph.predecessors(add):
+        if merged_addend(graph, name, add) is not None:
+            return name
+    return None

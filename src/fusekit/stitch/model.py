@@ -17,7 +17,8 @@ with (FusionStitching, arXiv 1911.11576, section 5; the roofline of Williams et 
 - :math:`L` launches (one per kernel; a column reduction on a GPU adds its combine kernel).
 
 A group of layout ops only (views, transposes, reshapes) is predicted to move nothing: it runs
-as strided views of its sources.
+as strided views of its sources. A GEMM's epilogue add left alone runs inside the GEMM's ATen
+call (:func:`estimate_epilogue`).
 """
 
 from __future__ import annotations
@@ -148,6 +149,24 @@ def estimate(
     return GroupCost(
         dram_bytes, flops, launches, occupancy, memory_s, compute_s, launch_s, spill_bytes
     )
+
+
+def estimate_epilogue(
+    graph: Graph, gemm: str, add: str, target: CPUTarget | GPUTarget
+) -> GroupCost:
+    """Predict the epilogue add ``Y = C + Y_mm`` of contraction ``gemm``, run inside its call.
+
+    The runner merges a lone epilogue add back into its contraction
+    (:func:`fusekit.stitch.epilogue.merged_addend`): ``addmm`` first broadcasts ``C`` into
+    ``Y``, then accumulates the product onto it, so the add costs a read of ``C`` and a write of
+    ``Y`` and no launch (oneDNN adds a bias inside its GEMM, for less). Run as a kernel of its
+    own, it would also read ``Y_mm``.
+    """
+    addends = [n for n in graph.op(add).inputs if n != gemm]
+    dram_bytes = float(sum(tensor_bytes(graph, n) for n in (add, *addends)))
+    occupancy = min(1.0, _rows(graph, [add]) / max(target.parallel_units, 1))
+    memory_s = dram_bytes / (target.mem_bw_bytes_per_s * occupancy)
+    return GroupCost(dram_bytes, 0.0, 0, occupancy, memory_s, 0.0, 0.0, 0.0)
 
 
 def _rows(graph: Graph, ops: Collection[str]) -> int:
