@@ -18,7 +18,11 @@ Parts:
   computed, timed eager, ``torch.compile`` (Inductor) and ``torch.compile(backend="fusekit")``,
   both checked against eager first.
 * ``models``: each whole model's forward (eval, ``no_grad``) and training step (forward with the
-  loss, backward), the same three ways; ``compile_s`` is the first call's seconds.
+  loss, backward), the same three ways; ``compile_s`` is the first call's seconds. Two more
+  contenders show where the time goes: ``fusekit_mkl`` is the same compiled model with every
+  GEMM on eager's MKL call (``FUSEKIT_ONEDNN=0``: stitching alone), and, on the forwards,
+  ``compile_freezing`` is Inductor with ``freezing=True`` (weights folded as constants and
+  packed for oneDNN, an inference-only mode that is off by default).
 * ``optimizer``: one ``torch.optim.AdamW`` step over every parameter of the model, eager
   (torch's foreach implementation), ``torch.compile(opt.step)`` and
   ``torch.compile(opt.step, backend="fusekit")``, each on its own copy of equal parameters and
@@ -74,6 +78,11 @@ TABLES = (
     Summary(title="Whole models", rows=["family", "problem"],
             values=["eager_s", "compile_s_median", "fusekit_s", "speedup_vs_compile",
                     "compile_first_s", "fusekit_first_s"], where={"part": "models"}),
+    Summary(title="Whole forwards: fusekit's GEMM choice, and Inductor with freezing",
+            rows=["family"], values=["compile_s_median", "compile_freezing_s", "fusekit_s",
+                                     "fusekit_mkl_s", "speedup_vs_compile",
+                                     "speedup_vs_compile_freezing", "speedup_vs_fusekit_mkl"],
+            where={"part": "models", "study": "forward"}),
     Summary(title="AdamW step", rows=["family"],
             values=["eager_s", "compile_s_median", "fusekit_s", "speedup_vs_compile",
                     "roofline_fraction", "roofline_fraction_compile", "fusekit_first_s",
@@ -362,15 +371,27 @@ def subgraph_part(family: Family, repeats: int, limit: int) -> list[dict[str, An
     return rows
 
 
-def compare(fns: dict[str, Callable[[], Any]], want: Any, repeats: int) -> dict[str, Any]:
+def compare(
+    fns: dict[str, Callable[[], Any]],
+    want: Any,
+    repeats: int,
+    extra: dict[str, Callable[[], Any]] | None = None,
+) -> dict[str, Any]:
     """Eager, compile and fusekit: first-call seconds, errors against ``want``, medians.
 
     The medians: :func:`time_alternating` over at least ``3 * repeats`` rounds and 0.3 s of
-    each contender's calls.
+    each contender's calls. ``extra`` contenders alternate with them; each adds ``<name>_s``,
+    ``speedup_vs_<name>`` (fusekit over it) and ``max_rel_err_<name>``.
     """
+    extra = extra or {}
     first = {k: first_call_s(fns[k]) for k in ("compile", "fusekit")}
-    errors = {k: relative_error(fns[k](), want) for k in ("compile", "fusekit")}
-    return _timed_row(first, errors, time_alternating(fns, 3 * repeats, TIMED_S))
+    errors = {k: relative_error(fn(), want) for k, fn in {**fns, **extra}.items() if k != "eager"}
+    times = time_alternating({**fns, **extra}, 3 * repeats, TIMED_S)
+    row = _timed_row(first, errors, times)
+    for k in extra:
+        row |= {f"{k}_s": times[k], f"speedup_vs_{k}": times[k] / times["fusekit"],
+                f"max_rel_err_{k}": errors[k]}  # fmt: skip
+    return row
 
 
 def _timed_row(
@@ -423,16 +444,52 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
             return run
 
         torch._dynamo.reset()
-        fns = {"eager": step(model), "compile": step(torch.compile(model)),
-               "fusekit": step(torch.compile(model, backend="fusekit"))}  # fmt: skip
-        row = {"part": "models", "family": family.name, "problem": f"{family.name} {study}",
-               **compare(fns, fns["eager"](), repeats)}  # fmt: skip
+        fusekit = step(torch.compile(model, backend="fusekit"))
+        fns = {"eager": step(model), "compile": step(torch.compile(model)), "fusekit": fusekit}
+        extra = {"fusekit_mkl": with_env(ONEDNN_ENV, "0", fusekit)}
+        if not training and DEVICE.type == "cpu":
+            extra["compile_freezing"] = frozen(step(torch.compile(model)))
+        want = fns["eager"]()
+        row = {"part": "models", "family": family.name, "study": study,
+               "problem": f"{family.name} {study}", **compare(fns, want, repeats, extra)}  # fmt: skip
         print(f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
-              f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms; "
-              f"first call {row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s",
-              flush=True)  # fmt: skip
+              f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms "
+              f"(MKL GEMMs {row['fusekit_mkl_s'] * 1e3:.1f} ms); first call "
+              f"{row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s", flush=True)
         rows.append(row)
     return rows
+
+
+#: What turns fusekit's oneDNN linear layers off (:mod:`fusekit.stitch.alone`).
+ONEDNN_ENV = "FUSEKIT_ONEDNN"
+
+
+def with_env(name: str, value: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` called with environment variable ``name`` set to ``value`` (then restored)."""
+
+    def run() -> Any:
+        before = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
+
+    return run
+
+
+def frozen(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` under Inductor's ``freezing=True`` (its first call compiles with it)."""
+    import torch._inductor.config as inductor_config
+
+    def run() -> Any:
+        with inductor_config.patch(freezing=True):
+            return fn()
+
+    return run
 
 
 #: Arrays one AdamW update streams per parameter element: parameter, gradient and both moments
