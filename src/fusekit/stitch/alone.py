@@ -9,7 +9,7 @@ the tests compare them):
   A linear layer in fp32 on the CPU may instead run as oneDNN's inner product over the same
   ``[k, l]`` weight (``mkldnn::_linear_pointwise``, no packing, so nothing to keep in step with
   the weight): :func:`linear` times both once per shape signature and keeps the faster, since
-  MKL's ``sgemm`` with a transposed B is up to 1.2x slower on some CPUs and not on others;
+  which of them wins over MKL's ``sgemm`` with a transposed B depends on the CPU and the shape;
 - a reduction of one plain read ``Y[o] = red_r X[a]`` (sum, max, min, mean) runs as the one
   ``torch.sum/amax/amin/mean`` over the reduced dims that eager calls (the runner times
   it against the op's stitched kernel: one op moves the same bytes either way);
