@@ -42,6 +42,17 @@ class _Addmm(nn.Module):
         return torch.addmm(self.b, x, self.w)
 
 
+class _AddmmResidual(nn.Module):
+    """``addmm(r, x, W)``: a residual added inside the GEMM's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(12, 5))
+
+    def forward(self, r, x):
+        return torch.addmm(r, x, self.w)
+
+
 class _Bmm(nn.Module):
     def forward(self, q, k):
         return torch.bmm(q, k.transpose(1, 2))
@@ -58,6 +69,7 @@ class _Einsum(nn.Module):
         (_Linear(), (torch.randn(3, 7, 12),), "linear"),
         (_Mm(), (torch.randn(7, 12),), "gemm"),
         (_Addmm(), (torch.randn(7, 12),), "gemm"),
+        (_AddmmResidual(), (torch.randn(7, 5), torch.randn(7, 12)), "gemm"),
         (_Bmm(), (torch.randn(4, 6, 8), torch.randn(4, 5, 8)), "matmul"),
         (_Einsum(), (torch.randn(3, 4, 5), torch.randn(5, 4, 6)), None),
     ],

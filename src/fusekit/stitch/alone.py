@@ -115,8 +115,9 @@ class AtenContraction:
             if sorted(va) == sorted(want_a) and sorted(vb) == sorted(want_b):
                 self.perm_a = tuple(va.index(v) for v in want_a)
                 self.perm_b = tuple(vb.index(v) for v in want_b)
-        # a plain GEMM A[m, k] B[k, n] (+ c[n]): B is often a transposed weight, W.t()
-        self.gemm = self.perm_a is not None and len(vo) == 2 and vc in ((), (vo[-1],))
+        # a plain GEMM A[m, k] B[k, n] (+ c[n] or c[m, n]), one addmm: B is often a transposed
+        # weight, W.t()
+        self.gemm = self.perm_a is not None and len(vo) == 2 and vc in ((), (vo[-1],), vo)
 
     def __call__(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{name: Y}`` from the values of the operands."""
