@@ -451,11 +451,15 @@ def model_part(family: Family, repeats: int) -> list[dict[str, Any]]:
             extra["compile_freezing"] = frozen(step(torch.compile(model)))
         want = fns["eager"]()
         row = {"part": "models", "family": family.name, "study": study,
-               "problem": f"{family.name} {study}", **compare(fns, want, repeats, extra)}  # fmt: skip
-        print(f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
-              f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms "
-              f"(MKL GEMMs {row['fusekit_mkl_s'] * 1e3:.1f} ms); first call "
-              f"{row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s", flush=True)
+               "problem": f"{family.name} {study}",
+               **compare(fns, want, repeats, extra)}  # fmt: skip
+        print(
+            f"  {row['problem']}: eager {row['eager_s'] * 1e3:.1f} ms, compile "
+            f"{row['compile_s_median'] * 1e3:.1f} ms, fusekit {row['fusekit_s'] * 1e3:.1f} ms "
+            f"(MKL GEMMs {row['fusekit_mkl_s'] * 1e3:.1f} ms); first call "
+            f"{row['compile_first_s']:.1f} s / {row['fusekit_first_s']:.1f} s",
+            flush=True,
+        )
         rows.append(row)
     return rows
 

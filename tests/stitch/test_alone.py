@@ -129,10 +129,15 @@ def test_linear_times_each_signature_once_and_runs_its_pick(monkeypatch):
         return "onednn", {}
 
     ran: list[str] = []
-    calls = {
-        name: (lambda fn, name: lambda *args: (ran.append(name), fn(*args))[1])(fn, name)
-        for name, fn in alone.LINEAR_CALLS.items()
-    }
+
+    def recorded(name, fn):
+        def call(*args):
+            ran.append(name)
+            return fn(*args)
+
+        return call
+
+    calls = {name: recorded(name, fn) for name, fn in alone.LINEAR_CALLS.items()}
     monkeypatch.setattr(alone, "fastest", fastest)
     monkeypatch.setattr(alone, "LINEAR_CALLS", calls)
     monkeypatch.setattr(alone, "LINEAR_CHOICES", {})

@@ -154,7 +154,8 @@ def eager_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) ->
 
 def onednn_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The same product by oneDNN's inner product over the plain ``[k, l]`` weight."""
-    return torch.ops.mkldnn._linear_pointwise(a, w, bias, "none", [], "")
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(a, w, bias, "none", [], "")
+    return y
 
 
 #: The implementations :func:`linear` chooses between, the reference first.
@@ -184,8 +185,9 @@ def linear_signature(
     (its op has no derivative; the forward graphs AOTAutograd hands over run without grad).
     """
     tensors = (a, w) if bias is None else (a, w, bias)
+    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     if (
-        os.environ.get(ONEDNN_ENV, "1") == "0" or not torch.backends.mkldnn.is_available()
+        os.environ.get(ONEDNN_ENV, "1") == "0" or not mkldnn
         or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors)
         or (bias is not None and bias.dim() != 1)
         or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
