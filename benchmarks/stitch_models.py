@@ -4,8 +4,9 @@ Three contenders: eager, ``torch.compile`` (Inductor) and ``torch.compile(backen
 
 Models (random weights, float32, small but realistic: 4 layers, hidden 512 or 384): Llama-style
 (RMSNorm, SwiGLU, rotary), GPT-2, BERT (masked LM), T5 (encoder-decoder, relative position bias)
-and ViT (image classification). Dropout is off (the backend does not yet follow torch's RNG order
-in training).
+and ViT (image classification). Dropout is off, so that every contender's output can be checked
+against eager's: fusekit draws its masks in torch's order, as eager does, but Inductor draws
+them from its own generator.
 
 Parts:
 
