@@ -141,7 +141,18 @@ def estimate(
             launches += any(r is Role.COL_REDUCE for r in layout.roles.values())
         if layout.buffered and row_bytes > capacity:
             spill_bytes = 2.0 * rows * row_bytes
-    dram_bytes += spill_bytes
+    return _cost(target, dram_bytes + spill_bytes, flops, launches, rows, spill_bytes)
+
+
+def _cost(
+    target: CPUTarget | GPUTarget,
+    dram_bytes: float,
+    flops: float,
+    launches: int,
+    rows: int,
+    spill_bytes: float = 0.0,
+) -> GroupCost:
+    """The :class:`GroupCost` of these terms on ``target`` (the module's formula)."""
     occupancy = min(1.0, rows / max(target.parallel_units, 1))
     memory_s = dram_bytes / (target.mem_bw_bytes_per_s * occupancy)
     compute_s = flops / (target.peak("fp32") * occupancy)
@@ -164,9 +175,7 @@ def estimate_epilogue(
     """
     addends = [n for n in graph.op(add).inputs if n != gemm]
     dram_bytes = float(sum(tensor_bytes(graph, n) for n in (add, *addends)))
-    occupancy = min(1.0, _rows(graph, [add]) / max(target.parallel_units, 1))
-    memory_s = dram_bytes / (target.mem_bw_bytes_per_s * occupancy)
-    return GroupCost(dram_bytes, 0.0, 0, occupancy, memory_s, 0.0, 0.0, 0.0)
+    return _cost(target, dram_bytes, 0.0, 0, _rows(graph, [add]))
 
 
 def _rows(graph: Graph, ops: Collection[str]) -> int:
