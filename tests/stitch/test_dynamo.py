@@ -43,6 +43,20 @@ def compiled_graphs(monkeypatch):
     torch._dynamo.reset()
 
 
+def _loss_and_grads(fn, module, *args):
+    """``(loss, parameter gradients)`` through the backend, then the same eagerly.
+
+    ``fn(*args)`` returns a scalar loss of ``module``'s parameters.
+    """
+    got = torch.compile(fn, backend="fusekit")(*args)
+    got.backward()
+    got_grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    want = fn(*args)
+    want.backward()
+    return (got, got_grads), (want, [p.grad for p in module.parameters()])
+
+
 def test_the_backend_is_registered_by_the_entry_point():
     assert "fusekit" in torch._dynamo.list_backends()
 
@@ -187,12 +201,9 @@ def test_a_conv_whose_input_needs_no_gradient_trains(compiled_graphs):
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, 4, stride=4)
     x = torch.randn(2, 3, 16, 16)
-    torch.compile(conv, backend="fusekit")(x).square().sum().backward()
-    got = [p.grad.clone() for p in conv.parameters()]
-    conv.zero_grad()
-    conv(x).square().sum().backward()
-    for g, p in zip(got, conv.parameters(), strict=True):
-        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-5)
+    (_, got), (_, want) = _loss_and_grads(lambda x: conv(x).square().sum(), conv, x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert all(g._static is not None and g._static.plan is not None for g in compiled_graphs)
 
 
@@ -259,14 +270,9 @@ def test_cross_entropy_with_label_smoothing_trains_decomposed(compiled_graphs, s
 
     x, y = torch.randn(12, 16), torch.randint(0, 50, (12,))
     y[2] = 3  # ignored: no loss, no gradient
-    got = torch.compile(loss, backend="fusekit")(x, y)
-    got.backward()
-    grads = [p.grad.clone() for p in head.parameters()]
-    head.zero_grad()
-    want = loss(x, y)
-    want.backward()
+    (got, grads), (want, want_grads) = _loss_and_grads(loss, head, x, y)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for g, w in zip(grads, (p.grad for p in head.parameters()), strict=True):
+    for g, w in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     plans = [p.plan for g in compiled_graphs for p in [g._static, *g.plans.values()] if p]
     opaque = " ".join(str(op.expr) for p in plans for op in p.graph.ops if op.kind is OpKind.OPAQUE)
@@ -495,15 +501,10 @@ def test_embeddings_and_losses_run_by_aten_not_the_interpreter(compiled_graphs):
     torch.manual_seed(0)
     model = _EmbedAndLoss()
     tokens, labels = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (4, 8))
-    loss = torch.compile(model, backend="fusekit")(tokens, labels)
-    loss.backward()
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    want = model(tokens, labels)
-    want.backward()
+    (loss, got), (want, want_grads) = _loss_and_grads(model, model, tokens, labels)
     torch.testing.assert_close(loss, want)
-    for g, p in zip(got, model.parameters(), strict=True):
-        torch.testing.assert_close(g, p.grad)
+    for g, w in zip(got, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
     planned = [p.compiled for g in compiled_graphs for p in [g._static, *g.plans.values()] if p]
     kinds = [type(k).__name__ for pg in planned if pg is not None for k in pg.kernels]
     assert kinds.count("AtenIndexing") >= 3 and "_Alone" not in kinds
