@@ -105,9 +105,10 @@ def build(options: TourOptions) -> Section:
              r["greedy_us"], r["unfused_us"], r["ilp_ms"], f"{r['max_abs_error']:.1e}")
             for r in records
         ),
-        note="Contractions run alone by their ATen call (addmm/matmul), layout-only groups as "
-        "strided views; every other kernel is generated numba code (a Triton backend generates "
-        "the same groups for GPUs). Measured speedups: benchmarks/stitch.py.",
+        note="Contractions run alone by their ATen call (addmm/matmul; a linear layer on MKL or "
+        "oneDNN, whichever its first call times faster), layout-only groups as strided views; "
+        "every other kernel is generated numba code (a Triton backend generates the same groups "
+        "for GPUs). Measured speedups: benchmarks/stitch.py.",
     )  # fmt: skip
     training = _training_rows(options.seed)
     rows = tuple(
