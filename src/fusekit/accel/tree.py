@@ -268,13 +268,36 @@ class TreeNode:
         """A tile node whose first child is an op."""
         return self.kind == "tile" and bool(self.children) and self.children[0].kind == "op"
 
+    def position(self) -> int:
+        """The index of this node among its parent's children (0 for the root)."""
+        if self.parent is None:
+            return 0
+        for i, c in enumerate(self.parent.children):
+            if c is self:
+                return i
+        raise ValueError(f"{self.label} is not among its parent's children")
+
 
 def pre_order(node: TreeNode) -> list[TreeNode]:
     """``node`` and its descendants, parents before children, children left to right."""
-    out = [node]
-    for c in node.children:
-        out += pre_order(c)
+    out = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(reversed(n.children))
     return out
+
+
+def release(root: TreeNode) -> None:
+    """Drop the parent links of a tree no one reads any more.
+
+    Without the child-to-parent cycles, reference counting frees the tree at once; a search
+    builds a tree per tiling, and leaving thousands to the cycle collector costs it more than
+    a third of its time.
+    """
+    for n in pre_order(root):
+        n.parent = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ DRAM is never checked.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 from fusekit.accel.compat import Compat
-from fusekit.accel.tree import Chain, TreeMapping, TreeNode
+from fusekit.accel.tree import TreeMapping, TreeNode
 from fusekit.accel.tree_model.nests import extent_after
 from fusekit.accel.tree_model.records import FitError, TreeModelError
 
@@ -32,7 +32,7 @@ def binding_of(node: TreeNode, compat: bool = True) -> str:
     if parent is None or len(parent.children) == 1:
         return "none"
     kids = parent.children
-    i = kids.index(node)
+    i = node.position()
     if i == len(kids) - 1 and i < 2:
         raise TreeModelError(
             f"{node.label}: no binding node on its left ({len(kids)} siblings): COMET "
@@ -58,24 +58,8 @@ def fit_check(inp: TreeMapping, compat: Compat) -> None:
         FitError: every overflowing level with requested and available bytes.
     """
     arch = inp.arch
-    sizes: Sizes = {}
-    occupancy: dict[str, int] = {}
-
-    def visit(node: TreeNode) -> None:
-        if node.kind == "op":
-            for t, ts in node.tilesizes.items():
-                sizes[(t, node.op_name)] = dict(ts)
-        elif node.kind == "collective":
-            sizes[(node.in_tensor, node.tag)] = extent_after(node, _left_size(node, sizes), arch)
-        elif node.kind == "tile":
-            for c in node.children:
-                visit(c)
-            _grow(node, sizes)
-            if node.parent is not None and not node.spatial:  # the root: dimension sizes only
-                binding = _binding(node, node.parent, compat)
-                _occupy(occupancy, _requested_bytes(node, inp.problem, sizes), binding)
-
-    visit(inp.mapping)
+    walk = _FitWalk(inp, compat)
+    walk.visit(inp.mapping)
     over = []
     for name in sorted(arch.levels):
         if name == "DRAM":
@@ -83,20 +67,61 @@ def fit_check(inp: TreeMapping, compat: Compat) -> None:
         cap = arch.levels[name].capacity_bytes()
         if not compat.full_double_buffer and arch.levels[name].attrs.get("doublebuffered"):
             cap //= 2
-        req = occupancy.get(name, 0)
+        req = walk.occupancy.get(name, 0)
         if req > cap:
             over.append((name, cap, req))
     if over:
         raise FitError(inp.mapping_file, over)
 
 
+class _FitWalk:
+    """Stage 1's post-order walk: the tiles grow from the ops up and fill their levels."""
+
+    def __init__(self, inp: TreeMapping, compat: Compat) -> None:
+        self.inp = inp
+        self.compat = compat
+        self.sizes: Sizes = {}
+        self.occupancy: dict[str, int] = {}  # bytes per level
+        self.projections: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def visit(self, node: TreeNode) -> None:
+        """``node`` after its children (bindings have nothing to add)."""
+        sizes = self.sizes
+        if node.kind == "tile":
+            for c in node.children:
+                if c.kind != "bind":
+                    self.visit(c)
+            _grow(node, sizes)
+            if node.parent is not None and not node.spatial:  # the root: dimension sizes only
+                binding = _binding(node, node.parent, self.compat)
+                _occupy(self.occupancy, _requested_bytes(node, self.projection, sizes), binding)
+        elif node.kind == "op":
+            for t, ts in node.tilesizes.items():
+                sizes[(t, node.op_name)] = dict(ts)
+        elif node.kind == "collective":
+            extent = _left_size(node, sizes)
+            sizes[(node.in_tensor, node.tag)] = extent_after(node, extent, self.inp.arch)
+
+    def projection(self, tag: str, tid: int) -> tuple[int, ...]:
+        """``Chain.projection`` of tensor ``tid`` under op tag ``tag``, looked up once."""
+        proj = self.projections.get((tag, tid))
+        if proj is None:
+            proj = self.projections[(tag, tid)] = self.inp.problem.projection(tag, tid)
+        return proj
+
+
 def _grow(node: TreeNode, sizes: Sizes) -> None:
     """Multiply the tiles of ``node``'s tensors by its loop factors."""
-    for t, tid in enumerate(node.tensors):
-        acc = sizes.setdefault((tid, node.tags[t]), {})
+    for t, key in enumerate(zip(node.tensors, node.tags, strict=True)):
+        acc = sizes.get(key)
+        if acc is None:
+            acc = sizes[key] = {}
         for fac in node.tilings[t]:
             for d, v in fac.items():
-                acc[d] = acc.get(d, 0) * v
+                if v != 1:
+                    acc[d] = acc.get(d, 0) * v
+                elif d not in acc:  # a factor of 1 changes nothing but an unknown dim's 0
+                    acc[d] = 0
 
 
 def _binding(node: TreeNode, parent: TreeNode, compat: Compat) -> str:
@@ -107,21 +132,23 @@ def _binding(node: TreeNode, parent: TreeNode, compat: Compat) -> str:
     return binding
 
 
-def _requested_bytes(node: TreeNode, prob: Chain, sizes: Sizes) -> dict[str, int]:
+def _requested_bytes(
+    node: TreeNode, projection: Callable[[str, int], tuple[int, ...]], sizes: Sizes
+) -> dict[str, int]:
     """Bytes ``node`` asks of each target level: per tensor the largest tile, then summed."""
-    per_tid: dict[int, dict[str, int]] = {}
-    for t, tid in enumerate(node.tensors):
-        tag = node.tags[t]
-        proj = prob.projection(tag, tid)
-        elems = math.prod(sizes[(tid, tag)].get(d, 0) for d in proj)
-        nbytes = elems * node.scale[t] / 8.0
-        lv = node.targets[t]
-        cur = per_tid.setdefault(tid, {})
-        cur[lv] = int(max(cur[lv], nbytes)) if lv in cur else int(nbytes)
+    largest: dict[tuple[int, str], int] = {}  # per (tensor, level)
+    tensors = zip(node.tensors, node.tags, node.scale, node.targets, strict=True)
+    for tid, tag, bits, lv in tensors:
+        tile = sizes[(tid, tag)]
+        elems = 1
+        for d in projection(tag, tid):
+            elems *= tile.get(d, 0)
+        nbytes = int(elems * bits / 8.0)
+        if nbytes > largest.get((tid, lv), -1):
+            largest[(tid, lv)] = nbytes
     here: dict[str, int] = {}
-    for lv_map in per_tid.values():
-        for lv, b in lv_map.items():
-            here[lv] = here.get(lv, 0) + b
+    for (_tid, lv), b in largest.items():
+        here[lv] = here.get(lv, 0) + b
     return here
 
 
@@ -145,7 +172,7 @@ def _left_size(node: TreeNode, sizes: Sizes) -> dict[int, int]:
         if c is node:
             break
         if c.kind == "tile" and node.in_tensor in c.tensors:
-            for (tid, _tag), s in sorted(sizes.items(), key=lambda kv: kv[0][1]):
-                if tid == node.in_tensor:
-                    return s
+            first = min((tag for tid, tag in sizes if tid == node.in_tensor), default=None)
+            if first is not None:  # the tensor's tile under its first tag
+                return sizes[(node.in_tensor, first)]
     raise TreeModelError(f"{node.label}: tensor {node.in_tensor} is not produced on its left")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from fusekit.accel.tree import Hierarchy, TreeMapping, TreeNode
+from fusekit.accel.tree import Chain, Hierarchy, TreeMapping, TreeNode
 from fusekit.accel.tree_model.records import Move, MoveRow, Moves, Nest, Nests, TreeModelError
 
 
@@ -34,20 +34,27 @@ class _NestWalk:
 
     def __init__(self, inp: TreeMapping) -> None:
         self.inp = inp
+        prob = inp.problem
+        self.inter = prob.intermediates
+        self.outs = frozenset(prob.tensors.index(spec.out) for spec in prob.ops.values())
+        self.rw: dict[tuple[int, str], bool] = {}  # per (tensor, tag): read-modify-written
         self.stride: dict[tuple[int, str], dict[int, int]] = {}
         self.steps: dict[tuple[int, str], int] = {}
-        self.produced: dict[str, dict[int, list[dict[int, int]]]] = {}
+        #: per level, per tensor: the loops that last produced its tiles there (their ends)
+        self.produced: dict[str, dict[int, list[dict[int, tuple[int, int]]]]] = {}
         self.out = Nests()
 
     def visit(self, node: TreeNode) -> None:
-        if node.kind == "op":
+        """``node`` after its children (bindings have nothing to add)."""
+        if node.kind == "tile":
+            for c in node.children:
+                if c.kind != "bind":
+                    self.visit(c)
+            self.tile(node)
+        elif node.kind == "op":
             self.op(node)
         elif node.kind == "collective":
             self.collective(node)
-        elif node.kind == "tile":
-            for c in node.children:
-                self.visit(c)
-            self.tile(node)
 
     def op(self, node: TreeNode) -> None:
         """An op's tile sizes start the strides; a GEMM's primitives per tile, its steps."""
@@ -64,60 +71,74 @@ class _NestWalk:
     def collective(self, node: TreeNode) -> None:
         """A collective's tensor extents before and after it (from the tile on its left)."""
         prob = self.inp.problem
-        extents = self.produced.get(node.target, {}).get(node.in_tensor)
-        if extents is None:
+        loops = self.produced.get(node.target, {}).get(node.in_tensor)
+        if loops is None:
             raise TreeModelError(
                 f"{node.label}: in_tensor {prob.tensors[node.in_tensor]} is not produced at "
                 f"{node.target} on its left (COMET reads an empty tile here)"
             )
+        extents = [{d: e for d, (e, _s) in desc.items()} for desc in loops]
         sized = [extent_after(node, e, self.inp.arch) for e in extents]
-        self.out.col_in[node.id] = [dict(e) for e in extents]
+        self.out.col_in[node.id] = extents
         self.out.col_out[node.id] = sized
         at = self.produced.get(node.target, {})
-        if node.out_tensor in at:
-            at[node.out_tensor] = sized
+        if node.out_tensor in at:  # now produced as sized: as loops ending there
+            at[node.out_tensor] = [{d: (e, e) for d, e in ext.items()} for ext in sized]
         if node.wb_output:
             self.stride[(node.in_tensor, node.tag)] = dict(sized[-1])
             self.steps[(node.in_tensor, node.tag)] = 1
 
+    def is_rw(self, key: tuple[int, str]) -> bool:
+        """Whether the tag's op reads and writes the tensor (one the op does not use: ``True``)."""
+        rw = self.rw.get(key)
+        if rw is None:
+            tid, tag = key
+            op = self.inp.problem.ops.get(tag)
+            rw = self.rw[key] = tid in op.rw if op is not None and tid in op.projections else True
+        return rw
+
     def tile(self, node: TreeNode) -> None:
         """A tile node's loops over each tensor's tile below, and the outputs it produces."""
-        prob = self.inp.problem
-        inter = prob.intermediates
         nest = Nest([], [], [], [], [], [])
         for t, tid in enumerate(node.tensors):
-            tag = node.tags[t]
-            key = (tid, tag)
-            prev = self.steps.get(key, 0)
-            op = prob.ops.get(tag)
-            nest.rw.append(tid in op.rw if op is not None and tid in op.projections else True)
-            nest.dependent.append(tid in inter)
-            st = self.stride.setdefault(key, {})
-            iters = sp = 1
-            descs = []
-            for fac in node.tilings[t]:
-                desc = {}
-                for d, v in fac.items():
-                    s = st.get(d, 0)
-                    desc[d] = (s * v, s)
-                    st[d] = s * v
-                    if node.spatial:
-                        sp *= v
-                    else:
-                        self.steps[key] = self.steps.get(key, 0) * v
-                        iters *= v
-                descs.append(desc)
+            key = (tid, node.tags[t])
+            nest.rw.append(self.is_rw(key))
+            nest.dependent.append(tid in self.inter)
+            nest.rel_ts.append(self.steps.get(key, 0))
+            descs, product = self.loops(key, node.tilings[t])
             nest.desc.append(descs)
-            nest.rel_ts.append(prev)
-            nest.iters.append(iters)
-            nest.sp_iters.append(sp)
+            nest.iters.append(1 if node.spatial else product)
+            nest.sp_iters.append(product if node.spatial else 1)
+            if not node.spatial and any(node.tilings[t]):  # the steps grow by the factors
+                self.steps[key] = nest.rel_ts[-1] * product
+            if tid in self.outs:
+                self.produced.setdefault(node.targets[t], {})[tid] = descs
         self.out.tiles[node.id] = nest
-        for spec in prob.ops.values():
-            oid = prob.tensors.index(spec.out)
-            for t, tid in enumerate(node.tensors):
-                if tid == oid:
-                    ends = [{d: e for d, (e, _s) in desc.items()} for desc in nest.desc[t]]
-                    self.produced.setdefault(node.targets[t], {})[tid] = ends
+
+    def loops(
+        self, key: tuple[int, str], factors: list[dict[int, int]]
+    ) -> tuple[list[dict[int, tuple[int, int]]], int]:
+        """A tensor's loop descriptors (``(end, stride)`` per dim) and its factors' product.
+
+        Each loop's stride is the tensor's extent so far, which the loop grows by its factor.
+        """
+        st = self.stride.get(key)
+        if st is None:
+            st = self.stride[key] = {}
+        product = 1
+        descs = []
+        for fac in factors:
+            desc = {}
+            for d, v in fac.items():
+                s = st.get(d, 0)
+                desc[d] = (s * v, s)
+                if v != 1:
+                    st[d] = s * v
+                    product *= v
+                elif d not in st:  # a factor of 1 changes nothing but an unknown dim's 0
+                    st[d] = 0
+            descs.append(desc)
+        return descs, product
 
 
 def build_nests(inp: TreeMapping) -> Nests:
@@ -135,49 +156,43 @@ def temporal_period(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -
     innermost first); ``0`` when no projected loop advances (the tile moves once).
     """
     desc = nest.desc[t][-1]
-    order = node.order
-    strides = [desc[d][1] for d in order]
-    ends = [desc[d][0] for d in order]
-    where = [order.index(d) for d in proj]
-    tile = math.prod(strides[i] for i in where)
+    tile = 1
+    for d in proj:
+        tile *= desc[d][1]
     period, inner = 0, 1
-    for i in range(len(order)):
-        steps = ends[i] // strides[i] if strides[i] else 1
-        if i in where and steps > 1:
-            period = inner
-            break
-        inner *= max(steps, 1)
+    for d in node.order:
+        end, stride = desc[d]
+        steps = end // stride if stride else 1
+        if steps > 1:
+            if d in proj:
+                period = inner
+                break
+            inner *= steps
     return tile, period
 
 
-def _temporal_moves(nest: Nest, node: TreeNode, t: int, proj: tuple[int, ...]) -> MoveRow:
-    """A temporal node's iterations (innermost dim first): a tile moves when it changes."""
-    tile, period = temporal_period(nest, node, t, proj)
-    return MoveRow(nest.iters[t], period, Move(tile, 1, 1), Move(tile, 0, 1))
-
-
 def _spatial_moves(
-    inp: TreeMapping, nests: Nests, moves: Moves, node: TreeNode, parent: TreeNode
+    nests: Nests, moves: Moves, node: TreeNode, parent: TreeNode, proj: _Projections
 ) -> list[MoveRow]:
     """A spatial node's tiles move to its children when its temporal parent's tiles move."""
-    prob = inp.problem
     nest, pnest = nests.tiles[node.id], nests.tiles[parent.id]
+    first_at: dict[tuple[int, str], int] = {}  # per (tensor, tag): its first and last index
+    last_at: dict[tuple[int, str], int] = {}
+    for i, key in enumerate(zip(parent.tensors, parent.tags, strict=True)):
+        first_at.setdefault(key, i)
+        last_at[key] = i
     per: list[MoveRow] = []
     pidx = 0  # COMET keeps the last match when a tensor's tag is not in the parent
-    for t, tid in enumerate(node.tensors):
-        tag = node.tags[t]
-        for i, ptid in enumerate(parent.tensors):
-            if ptid == tid and parent.tags[i] == tag:
-                pidx = i
-                break
-        if node.targets[t] == parent.targets[pidx]:
-            for i, ptid in enumerate(parent.tensors):
-                if ptid == tid and parent.tags[i] == tag:
-                    nest.iters[t] = pnest.iters[i]
-        proj = prob.projection(tag, tid)
+    for t, key in enumerate(zip(node.tensors, node.tags, strict=True)):
+        if key in first_at:
+            pidx = first_at[key]
+            if node.targets[t] == parent.targets[pidx]:
+                nest.iters[t] = pnest.iters[last_at[key]]
         first, last = nest.desc[t][0], nest.desc[t][-1]
-        unique = math.prod(-(-last[d][0] // first[d][1]) for d in proj)
-        tile = math.prod(first[d][1] for d in proj)
+        unique = tile = 1
+        for d in proj.of(key):
+            unique *= -(-last[d][0] // first[d][1])
+            tile *= first[d][1]
         pmoves = moves[parent.id][pidx]
         if pmoves.kept.unique or not pmoves.moved.unique:
             raise TreeModelError(f"{node.label}: its parent's tiles move in no temporal pattern")
@@ -187,27 +202,62 @@ def _spatial_moves(
     return per
 
 
+class _Projections:
+    """``Chain.projection`` per (tensor, tag), looked up once per walk."""
+
+    def __init__(self, prob: Chain) -> None:
+        self.prob = prob
+        self.known: dict[tuple[int, str], tuple[int, ...]] = {}
+
+    def of(self, key: tuple[int, str]) -> tuple[int, ...]:
+        """The projection of tensor ``key[0]`` under tag ``key[1]``."""
+        proj = self.known.get(key)
+        if proj is None:
+            proj = self.known[key] = self.prob.projection(key[1], key[0])
+        return proj
+
+
 def build_movements(inp: TreeMapping, nests: Nests) -> Moves:
     """Stage 3 (see the module docstring): per tile node, per tensor, one record per iteration."""
-    prob = inp.problem
-    moves: Moves = {}
+    walk = _MoveWalk(inp, nests)
+    if inp.mapping.kind == "tile":
+        walk.visit(inp.mapping)
+    return walk.moves
 
-    def visit(node: TreeNode) -> None:
-        if node.kind != "tile":
-            return
-        nest = nests.tiles[node.id]
+
+class _MoveWalk:
+    """Stage 3's pre-order walk: a spatial node's moves follow its temporal parent's."""
+
+    def __init__(self, inp: TreeMapping, nests: Nests) -> None:
+        self.nests = nests
+        self.proj = _Projections(inp.problem)
+        self.moves: Moves = {}
+        self.temporal: dict[int, tuple[Move, Move]] = {}  # per tile size (read-only, shared)
+
+    def visit(self, node: TreeNode) -> None:
+        """``node``, a tile node, then the tile nodes below it."""
         if not node.spatial:
-            moves[node.id] = [
-                _temporal_moves(nest, node, t, prob.projection(node.tags[t], tid))
-                for t, tid in enumerate(node.tensors)
-            ]
+            self.moves[node.id] = self.temporal_rows(node)
         else:
             parent = node.parent
             if parent is None or parent.kind != "tile" or parent.spatial:
                 raise TreeModelError(f"{node.label}: a spatial tile needs a temporal tile above")
-            moves[node.id] = _spatial_moves(inp, nests, moves, node, parent)
+            self.moves[node.id] = _spatial_moves(self.nests, self.moves, node, parent, self.proj)
         for c in node.children:
-            visit(c)
+            if c.kind == "tile":
+                self.visit(c)
 
-    visit(inp.mapping)
-    return moves
+    def temporal_rows(self, node: TreeNode) -> list[MoveRow]:
+        """A temporal node's tensors: a new tile moves at the first iteration, then is kept."""
+        nest = self.nests.tiles[node.id]
+        rows: list[MoveRow] = []
+        for t, key in enumerate(zip(node.tensors, node.tags, strict=True)):
+            tile, period = temporal_period(nest, node, t, self.proj.of(key))
+            moved, kept = self.temporal.get(tile) or self.new_tile(tile)
+            rows.append(MoveRow(nest.iters[t], period, moved, kept))
+        return rows
+
+    def new_tile(self, tile: int) -> tuple[Move, Move]:
+        """A tile's moves (shared, read-only): moved at the first iteration, then kept."""
+        pair = self.temporal[tile] = (Move(tile, 1, 1), Move(tile, 0, 1))
+        return pair

@@ -19,8 +19,8 @@ from typing import Any, TypedDict
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import TreeNode, pre_order
 from fusekit.accel.tree_model.compute import ideal_op_cycles
-from fusekit.accel.tree_model.energy import Energy
-from fusekit.accel.tree_model.records import f32
+from fusekit.accel.tree_model.energy import Energy, round_f32
+from fusekit.accel.tree_model.records import LevelCosts, f32
 from fusekit.accel.tree_model.steady import SteadyState
 
 
@@ -56,21 +56,20 @@ def report(
 
     ``detail``: also the loop nest, ideal compute cycles and utilisation (else empty).
     """
-    table, total = unit_cycles(ss, en, root, compat)
-    energy = level_energy(ss, en, root, calc_noc)
-    e_total = f32(0)
+    nodes = pre_order(root)
+    table, total = unit_cycles(ss, en, nodes, compat)
+    energy = level_energy(ss, en, nodes, calc_noc)
+    e_total = 0.0
     for k in sorted(energy):
-        e_total = f32(e_total + energy[k])
-    units = {
-        k: {**{p: v for p, v in sorted(row.items())}, "total": sum(row.values())}
-        for k, row in sorted(table.items())
-    }
+        e_total = round_f32(e_total + energy[k])
+    units = {k: {**dict(sorted(row.items())), "total": sum(row.values())}
+             for k, row in sorted(table.items())}  # fmt: skip
     ideal, utilisation = ideal_compute(ss, root) if detail else ({}, {})
     return {
         "total_cycles": total if compat.unit_sum_total else ss.node_cost[root.id],
-        "total_energy_pj": float(e_total),
+        "total_energy_pj": e_total,
         "cycles": units,
-        "energy_pj": {k: float(v) for k, v in sorted(energy.items())},
+        "energy_pj": dict(sorted(energy.items())),
         "root_cycles": ss.node_cost[root.id],
         "nest": loop_nest(ss, en, root) if detail else [],
         "ideal_cycles": ideal,
@@ -78,39 +77,55 @@ def report(
     }
 
 
+def _ranks(ss: SteadyState) -> dict[str, int]:
+    """Each level's creation rank: COMET orders its per-level maps by it."""
+    return {name: lv.rank for name, lv in ss.arch.levels.items()}
+
+
+def _group_cycles(levels: LevelCosts, names: list[str]) -> tuple[int, int, int]:
+    """A group of levels' ramps, largest cumulated transfer and largest compute window.
+
+    The ramps: the largest ramp-up plus ramp-down per port, both ports summed.
+    """
+    cs_read = cs_write = cumm = comp = 0
+    for lv in names:
+        read, write = levels[lv]
+        cs_read = max(cs_read, read.ramp_up + read.ramp_down)
+        cs_write = max(cs_write, write.ramp_up + write.ramp_down)
+        cumm = max(cumm, read.cumm, write.cumm)
+        comp = max(comp, read.compute_time, write.compute_time)
+    return cs_read + cs_write, cumm, comp
+
+
 def unit_cycles(
-    ss: SteadyState, en: Energy, root: TreeNode, compat: Compat
+    ss: SteadyState, en: Energy, nodes: list[TreeNode], compat: Compat
 ) -> tuple[dict[str, dict[str, int]], int]:
-    """The per-unit table (unit -> CS, OS, TMW cycles) and its sum (module docstring)."""
+    """The per-unit table (unit -> CS, OS, TMW cycles) and its sum (module docstring).
+
+    ``nodes``: the tree in pre-order; the table shows its collectives, spatial and leaf tiles.
+    """
     table: dict[str, dict[str, int]] = {}
     total = 0
-    for node in pre_order(root):
+    by_rank = _ranks(ss).__getitem__
+    for node in nodes:
         if not (node.kind == "collective" or (node.kind == "tile" and
                                               (node.spatial or node.is_leaf_tile))):  # fmt: skip
             continue
         its = en.parent_iters.get(node.id, 1) & 0xFFFFFFFF
         for levels in ss.level_cost.get(node.id, {}).values():
-            cs = [0, 0]
-            os_ = 0
-            comp = 0
-            names = []
-            for lv, cv in sorted(levels.items(), key=lambda kv: ss.rank(kv[0])):
-                names.append(lv)
-                for idx in (0, 1):
-                    cs[idx] = max(cs[idx], cv[idx].ramp_up + cv[idx].ramp_down)
-                    os_ = max(os_, cv[idx].cumm)
-                comp = max(comp, cv[0].compute_time, cv[1].compute_time)
+            names = sorted(levels, key=by_rank)
+            cs, os_, comp = _group_cycles(levels, names)
             if node.kind == "collective":
                 key = f"{node.col_type.upper()}-{node.id}"
-                total += (cs[0] + cs[1] + os_) * its
+                total += (cs + os_) * its
                 row = table.setdefault(key, {})
-                row["OS"] = row.get("OS", 0) + (cs[0] + cs[1] + os_) * its
+                row["OS"] = row.get("OS", 0) + (cs + os_) * its
                 continue
-            os_ = max(ss.node_cost[node.id] - cs[0] - cs[1] - comp, 0)
-            key = "".join(f"{n}-" for n in names)
-            total += (cs[0] + cs[1] + os_) * its
+            os_ = max(ss.node_cost[node.id] - cs - comp, 0)
+            key = "".join([f"{n}-" for n in names])
+            total += (cs + os_) * its
             row = table.setdefault(key, {})
-            row["CS"] = row.get("CS", 0) + (cs[0] + cs[1]) * its
+            row["CS"] = row.get("CS", 0) + cs * its
             row["OS"] = row.get("OS", 0) + (os_ if compat.unscaled_os else os_ * its)
             if node.is_leaf_tile:
                 total += comp * its
@@ -118,21 +133,30 @@ def unit_cycles(
     return table, total
 
 
-def level_energy(ss: SteadyState, en: Energy, root: TreeNode, calc_noc: bool) -> dict[str, f32]:
-    """COMET's energy rows: per level (a compute level per op), then the routers' if asked."""
-    energy: dict[str, f32] = {}
-    for node in pre_order(root):
+def level_energy(
+    ss: SteadyState, en: Energy, nodes: list[TreeNode], calc_noc: bool
+) -> dict[str, float]:
+    """COMET's energy rows (float32 sums): per level (a compute level per op), then routers'.
+
+    ``nodes``: the tree in pre-order.
+    """
+    energy: dict[str, float] = {}
+    by_rank = _ranks(ss).__getitem__
+    levels = ss.arch.levels
+    for node in nodes:
         if node.kind not in ("tile", "collective"):
             continue
-        for lv, e in sorted(en.level_pj.get(node.id, {}).items(), key=lambda kv: ss.rank(kv[0])):
-            level = ss.arch.levels[lv]
-            key = f"{lv}-{node.children[0].op_name}" if (
-                node.is_leaf_tile and level.is_compute) else lv  # fmt: skip
-            energy[key] = f32(float(energy.get(key, f32(0))) + e)
-        if calc_noc:
-            for name, e in sorted(en.noc_pj.get(node.id, {}).items()):
+        pj = en.level_pj.get(node.id)
+        if pj:
+            op = node.children[0].op_name if node.is_leaf_tile else None
+            for lv in sorted(pj, key=by_rank):
+                key = f"{lv}-{op}" if op is not None and levels[lv].is_compute else lv
+                energy[key] = round_f32(energy.get(key, 0.0) + float(pj[lv]))
+        noc = en.noc_pj.get(node.id) if calc_noc else None
+        if noc:
+            for name, e in sorted(noc.items()):
                 key = f"{name}-{node.col_type.upper()}" if node.kind == "collective" else name
-                energy[key] = f32(float(energy.get(key, f32(0))) + e)
+                energy[key] = round_f32(energy.get(key, 0.0) + float(e))
     return energy
 
 
