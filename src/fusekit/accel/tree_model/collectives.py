@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from fusekit.accel.noc import link_energy_pj, link_latency
-from fusekit.accel.tree import Hierarchy, TreeMapping, TreeNode
+from fusekit.accel.tree import Hierarchy, Network, TreeMapping, TreeNode
 from fusekit.accel.tree_model.records import Nests, TreeModelError
 
 #: Cycles per reduced element on the way (COMET's constant).
@@ -68,12 +68,22 @@ class Link(NamedTuple):
 
 #: Memory cycles, read energy (pJ), write energy (pJ).
 MemoryCost = tuple[float, float, float]
+#: Cycles, memory energy (pJ), network energy (pJ) of a collective.
+CollectiveCost = tuple[int, float, float]
+#: All a collective's cost depends on: network, kind, reduction op, generalised network, link.
+CostKey = tuple[Network, str, str, bool, Link]
+#: Costs already computed (a tiling sweep meets the same collectives again), and their bound.
+_COSTS: dict[CostKey, CollectiveCost] = {}
+_MAX_COSTS = 4096
 
 
 def collective_cost(
     inp: TreeMapping, nests: Nests, node: TreeNode, generalise: bool
-) -> tuple[int, float, float]:
-    """Cycles, memory energy and network energy of collective ``node`` (module docstring)."""
+) -> CollectiveCost:
+    """Cycles, memory energy and network energy of collective ``node`` (module docstring).
+
+    Cached by all the cost depends on (:data:`CostKey`).
+    """
     arch, prob = inp.arch, inp.problem
     lv = arch.levels[node.target]
     net = lv.link_net
@@ -96,9 +106,23 @@ def collective_cost(
         float(a.get("child_read_energy", 0)), float(a.get("child_write_energy", 0)),
         net.broadcast, net.reduction,
     )  # fmt: skip
-    kind = node.col_type
-    net_t = link_latency(net, kind, rsize, 1, n_src, scale, node.red_op, generalise)
-    net_e = link_energy_pj(net, kind, rsize, 1, n_src, scale, node.red_op, generalise)
+    key = (net, node.col_type, node.red_op, generalise, link)
+    hit = _COSTS.get(key)
+    if hit is None:
+        hit = _link_cost(node, *key)
+        if len(_COSTS) >= _MAX_COSTS:
+            _COSTS.clear()
+        _COSTS[key] = hit
+    return hit
+
+
+def _link_cost(
+    node: TreeNode, net: Network, kind: str, red_op: str, generalise: bool, link: Link
+) -> CollectiveCost:
+    """Cycles (memory plus network), memory energy and network energy of a collective."""
+    n_src, rsize, scale = link.n_src, link.rsize, link.scale
+    net_t = link_latency(net, kind, rsize, 1, n_src, scale, red_op, generalise)
+    net_e = link_energy_pj(net, kind, rsize, 1, n_src, scale, red_op, generalise)
     model = KINDS.get(kind, scatter)
     if model is scatter and link.n_dst <= 1:
         raise TreeModelError(f"{node.label}: a scatter needs more than one destination")

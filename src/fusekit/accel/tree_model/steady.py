@@ -5,12 +5,17 @@ child's compute window (stalls, ramp-up of the first read, ramp-down of the last
 :mod:`.transfers`), merged per target level and port (:mod:`.merge`); a node's cycles are the
 compute window plus ramps plus stalls; a temporal node with sequential children sums them;
 a collective costs its own cycles (:mod:`.collectives`).
+
+With a ``memo`` (the tilings of one template, same dims and compatibility), a leaf or a
+spatial node whose inputs another tiling already gave is restored from it, and the transfers'
+costs are kept in it (:class:`.transfers.Transfers`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from fusekit.accel.compat import Compat
@@ -31,7 +36,7 @@ from fusekit.accel.tree_model.records import (
     TreeModelError,
     f32,
 )
-from fusekit.accel.tree_model.transfers import Transfers
+from fusekit.accel.tree_model.transfers import Transfer, TransferKey, Transfers
 
 #: A tile node's memory windows: each child (or group of bound children) and its cycles.
 Windows = list[tuple[Children, int]]
@@ -41,11 +46,19 @@ NodeLevels = dict[int | tuple[int, ...], LevelCosts]
 PerTensor = dict[tuple[int, str], int]
 #: A leaf's stage-4 results: accesses, level costs, cycles, ramp-downs, ramp-ups.
 LeafResult = tuple[list[Access], NodeLevels, int, PerTensor | None, PerTensor | None]
+#: A spatial node's window: its children, their cycles, the windows less ramps, port use.
+Group = tuple[Children, int, list[int], dict[str, dict[int, int]]]
+#: A spatial node's stage-4 results: access values, level costs, cycles, ramp-ups.
+NodeResult = tuple[list[tuple[Any, ...]], NodeLevels, int | None, PerTensor | None]
 #: A leaf is folded when it runs at least this many periods (it is evaluated at 2 and 3) and
 #: at least ``FOLD_MIN_ITERATIONS``: below, walking every iteration costs less.
 FOLD_MIN_PERIODS = 6
 FOLD_MIN_ITERATIONS = 32
+#: The key of the transfers cache in a ``memo`` (the leaves' keys start with a node id).
+TRANSFERS_KEY = ("transfers",)
 _R = TypeVar("_R", Access, Cost)
+#: A record's field values, in its constructor's order.
+_VALUES = {cls: attrgetter(*(f.name for f in fields(cls))) for cls in (Access, Cost)}
 
 
 class FoldError(Exception):
@@ -54,6 +67,8 @@ class FoldError(Exception):
 
 def _affine(a: Any, b: Any, k: int) -> Any:
     """``a`` at two periods and ``b`` at three, extended by ``k`` more periods."""
+    if type(a) is int or type(a) is float:  # the common case first
+        return a + k * (b - a)
     if isinstance(a, bool) or not isinstance(a, int | float):
         if a is b or a == b:
             return a
@@ -65,8 +80,8 @@ def _affine(a: Any, b: Any, k: int) -> Any:
 
 def _extend(a: _R, b: _R, k: int) -> _R:
     """A record whose every number is extended (:func:`_affine`)."""
-    return replace(a, **{f.name: _affine(getattr(a, f.name), getattr(b, f.name), k)
-                         for f in fields(a)})  # fmt: skip
+    values = _VALUES[type(a)]
+    return type(a)(*(_affine(x, y, k) for x, y in zip(values(a), values(b), strict=True)))
 
 
 class SteadyState:
@@ -85,7 +100,10 @@ class SteadyState:
         self.memo = memo
         self.fold = fold
         self.compat = compat
-        self.transfers = Transfers(inp.arch, nests, moves, generalise=not compat.mesh_table)
+        shared: dict[TransferKey, Transfer] | None = None
+        if memo is not None:
+            shared = memo.setdefault(TRANSFERS_KEY, {})
+        self.transfers = Transfers(inp.arch, nests, moves, not compat.mesh_table, shared)
         self.node_cost: dict[int, int] = {}
         self.level_cost: dict[int, NodeLevels] = {}
         self.reuse: dict[int, PerTensor] = {}
@@ -107,9 +125,7 @@ class SteadyState:
             if (f != 1 and key in self.reuse.get(child.id, {})
                     and self.actual.get(child.id, {}).get(key) == 1):  # fmt: skip
                 up = self.ramp_up.get(child.id, {}).get(key, 0)
-                for i in range(len(win)):
-                    if i % f:
-                        win[i] = (win[i] - up) & 0xFFFFFFFF
+                _less_ramp(win, f, up)
 
     def window_vector(self, parent: TreeNode, children: Children, win: list[int]) -> None:
         """COMET's memory windows of a node's children, less reused reads' ramp-ups."""
@@ -126,21 +142,22 @@ class SteadyState:
                 if (f != 1 and key in self.reuse.get(c.id, {})
                         and self.actual.get(c.id, {}).get(key) == 1):  # fmt: skip
                     up = self.ramp_up.get(c.id, {}).get(key, 0)
-                    for i in range(len(win)):
-                        if i % f:
-                            win[i] = (win[i] - up) & 0xFFFFFFFF
+                    _less_ramp(win, f, up)
                     self.window_vector(parent, list(c.children), win)
 
     def port_use(self, children: Children) -> dict[str, dict[int, int]]:
-        """Cycles the children's transfers hold each port of a shared-port level."""
+        """Cycles the children's transfers hold each port of a shared-port level.
+
+        A read (port 0) holds the child's write port for its cycles and ramp-up, a write
+        (port 1) its read port for its cycles and ramp-down.
+        """
         out: dict[str, dict[int, int]] = {}
 
         def add(levels: LevelCosts) -> None:
-            for lv, cv in sorted(levels.items(), key=lambda kv: self.rank(kv[0])):
-                for idx in (0, 1):
-                    ports = out.setdefault(lv, {})
-                    v = cv[idx].cumm + (cv[idx].ramp_up if idx == 0 else cv[idx].ramp_down)
-                    ports[1 - idx] = ports.get(1 - idx, 0) + v
+            for lv, (read, write) in levels.items():
+                ports = out.setdefault(lv, {})
+                ports[1] = ports.get(1, 0) + read.cumm + read.ramp_up
+                ports[0] = ports.get(0, 0) + write.cumm + write.ramp_down
 
         def add_node(n: TreeNode) -> None:
             for levels in self.level_cost.get(n.id, {}).values():
@@ -202,7 +219,7 @@ class SteadyState:
                 if c.kind == "bind" and i % 2 == 0:
                     found = [x for x in kids[i:] if x.kind in ("tile", "collective")][:2]
                     for x in found:
-                        if x not in group:
+                        if all(x.id != g.id for g in group):  # node ids are unique
                             group.append(x)
             windows.append((group, sum(self.node_cost[x.id] for x in group) & 0xFFFFFFFF))
         if node.spatial:
@@ -212,13 +229,14 @@ class SteadyState:
 
     def _count_reuse(self, node: TreeNode) -> None:
         """Per tensor: the iterations that move a new tile, and the reuse factor between."""
-        nest = self.nests.tiles[node.id]
-        for t, tid in enumerate(node.tensors):
-            key = (tid, node.tags[t])
-            actual = self.moves[node.id][t].moving()
-            f = nest.iters[t] // actual if actual else 0
-            self.reuse.setdefault(node.id, {})[key] = f or 1
-            self.actual.setdefault(node.id, {})[key] = actual
+        iters, rows = self.nests.tiles[node.id].iters, self.moves[node.id]
+        reuse = self.reuse.setdefault(node.id, {})
+        moving = self.actual.setdefault(node.id, {})
+        for t, key in enumerate(zip(node.tensors, node.tags, strict=True)):
+            actual = rows[t].moving()
+            f = iters[t] // actual if actual else 0
+            reuse[key] = f or 1
+            moving[key] = actual
 
     def visit_collective(self, node: TreeNode) -> None:
         """A collective's cycles on both ports of its level, and its energies."""
@@ -234,12 +252,11 @@ class SteadyState:
         self.col_energy[node.id] = (memory_pj, network_pj)
 
     def _access(self, node: TreeNode, t: int, c: Cost, level: str, at_target: bool) -> Access:
-        nest = self.nests.tiles[node.id]
-        first = self.moves[node.id][t][0].unique
+        first = self.moves[node.id][t].moved.unique  # the tiles of iteration 0
         return Access(
             level=self.arch.levels[level], count=c.access_count, tile=c.tile_size,
-            precision=node.scale[t], rw=nest.rw[t], at_target=at_target, tid=node.tensors[t],
-            rmw=node.rmw[t], proj_count=first or 1, tag=node.tags[t],
+            precision=node.scale[t], rw=self.nests.tiles[node.id].rw[t], at_target=at_target,
+            tid=node.tensors[t], rmw=node.rmw[t], proj_count=first or 1, tag=node.tags[t],
             noc_pj=0.0 if at_target else c.noc_pj,
         )  # fmt: skip
 
@@ -257,7 +274,7 @@ class SteadyState:
         """All a leaf's stage-4 results depend on besides the tree's shape and the arch."""
         nest, op = self.nests.tiles[node.id], node.children[0]
         return (
-            node.id, repr(nest.desc), tuple(nest.iters), tuple(nest.rel_ts),
+            node.id, _desc_key(nest.desc), tuple(nest.iters), tuple(nest.rel_ts),
             tuple(sorted(op.primitive.items())), tuple(sorted(op.red_factors.items())),
         )  # fmt: skip
 
@@ -275,7 +292,7 @@ class SteadyState:
         hit = self.memo.get(key)
         if hit is not None:
             acc, level_cost, total, down, up = hit
-            self.accesses[node.id] = [replace(a) for a in acc]
+            self.accesses[node.id] = [Access(*values) for values in acc]
             self.level_cost[node.id] = level_cost
             self.node_cost[node.id] = total
             if down is not None:
@@ -285,8 +302,9 @@ class SteadyState:
             return
         self._visit_leaf(node)
         down, up = self.ramp_down.get(node.id), self.ramp_up.get(node.id)
+        access_values = _VALUES[Access]
         self.memo[key] = (
-            [replace(a) for a in self.accesses[node.id]], self.level_cost[node.id],
+            [access_values(a) for a in self.accesses[node.id]], self.level_cost[node.id],
             self.node_cost[node.id],
             None if down is None else dict(down), None if up is None else dict(up),
         )  # fmt: skip
@@ -396,24 +414,85 @@ class SteadyState:
         self._keep_ramp_ups(node, ups)
 
     def visit_spatial(self, node: TreeNode, windows: Windows) -> None:
-        """A spatial tile node: its tensors' transfers to the children against their windows."""
+        """A spatial tile node: its tensors' transfers to the children against their windows.
+
+        With a ``memo``, a node whose inputs another tiling already gave (:meth:`_spatial_key`:
+        its nest and moves, and per window its cycles, the children's windows and port use)
+        is restored from it, its accesses copied.
+        """
         nest = self.nests.tiles[node.id]
         n_it = max(nest.iters)
         seq_parent = binding_of(node, self.compat.binding_misread) == "sequential"
-        self.accesses.setdefault(node.id, [])
-        self.level_cost[node.id] = {}
+        shared = any(self.arch.levels[c].attrs.get("parent_child_ports_shared", False)
+                     for c in node.childs)  # fmt: skip
+        groups: list[Group] = []
         for children, wsum in windows:
             win = [wsum] * n_it
             self.window_vector(node, children, win)
+            groups.append((children, wsum, win, self.port_use(children) if shared else {}))
+        if self.memo is None:
+            self._spatial(node, n_it, seq_parent, groups)
+            return
+        key = self._spatial_key(node, seq_parent, groups)
+        hit = self.memo.get(key)
+        if hit is not None:
+            self._put_node(node, hit)
+            return
+        self._spatial(node, n_it, seq_parent, groups)
+        self.memo[key] = self._node_result(node)
+
+    def _spatial(self, node: TreeNode, n_it: int, seq_parent: bool, groups: list[Group]) -> None:
+        """A spatial node's accesses, level costs per window and cycles."""
+        self.accesses.setdefault(node.id, [])
+        levels = self.level_cost[node.id] = {}
+        port_overwrite = self.compat.port_overwrite
+        for children, wsum, win, use in groups:
             pairs = self._spatial_pairs(node, children, wsum, win, seq_parent)
-            key = tuple(c.id for c in children) if isinstance(children, list) else children.id
-            shared = any(self.arch.levels[c].attrs.get("parent_child_ports_shared", False)
-                         for c in node.childs)  # fmt: skip
-            use = self.port_use(children) if shared else {}
             merged = merge_levels(self.arch, n_it, pairs, use)
-            self.level_cost[node.id][key] = merged
-            port_overwrite = self.compat.port_overwrite
+            levels[_children_key(children)] = merged
             self.node_cost[node.id] = node_cycles(self.arch, n_it, merged, port_overwrite)
+
+    def _spatial_key(
+        self, node: TreeNode, seq_parent: bool, groups: list[Group]
+    ) -> tuple[Any, ...]:
+        """All a spatial node's stage-4 results depend on besides the tree's shape and the arch.
+
+        Its nest's iterations, ports and dependences, its moves, its binding and per window:
+        the children, their cycles, the windows less their ramps, their use of shared ports.
+        """
+        nest = self.nests.tiles[node.id]
+        rows = tuple(
+            (r.n, r.period, r.moved.tile, r.moved.unique, r.moved.count, r.kept.tile,
+             r.kept.unique, r.kept.count)
+            for r in self.moves[node.id]
+        )  # fmt: skip
+        per_window = tuple(
+            (_children_key(children), wsum, tuple(win),
+             tuple(sorted((lv, tuple(sorted(ports.items()))) for lv, ports in use.items())))
+            for children, wsum, win, use in groups
+        )  # fmt: skip
+        return (
+            "spatial", node.id, seq_parent, tuple(nest.iters), tuple(nest.rw),
+            tuple(nest.dependent), rows, per_window,
+        )  # fmt: skip
+
+    def _node_result(self, node: TreeNode) -> NodeResult:
+        """What a spatial node's visit wrote, to restore with :meth:`_put_node`."""
+        up = self.ramp_up.get(node.id)
+        access_values = _VALUES[Access]
+        return (
+            [access_values(a) for a in self.accesses[node.id]], self.level_cost[node.id],
+            self.node_cost.get(node.id), None if up is None else dict(up),
+        )  # fmt: skip
+
+    def _put_node(self, node: TreeNode, res: NodeResult) -> None:
+        acc, level_cost, total, up = res
+        self.accesses[node.id] = [Access(*values) for values in acc]
+        self.level_cost[node.id] = level_cost
+        if total is not None:
+            self.node_cost[node.id] = total
+        if up is not None:
+            self.ramp_up[node.id] = dict(up)
 
     def _spatial_pairs(self, node: TreeNode, children: Children, wsum: int, win: list[int],
                        seq_parent: bool) -> PortCosts:  # fmt: skip
@@ -481,6 +560,21 @@ class SteadyState:
             else:
                 total += self.node_cost[c.id]
         self.node_cost[node.id] = total & 0xFFFFFFFF
+
+
+def _desc_key(desc: list[list[dict[int, tuple[int, int]]]]) -> tuple[Any, ...]:
+    """A nest's loop descriptors as a key: per tensor and spatial index, its (dim, loop) items."""
+    return tuple([tuple([tuple(loops.items()) for loops in per]) for per in desc])
+
+
+def _children_key(children: Children) -> int | tuple[int, ...]:
+    """The key of a node's level costs for ``children``: the child's id, or the group's."""
+    return tuple(c.id for c in children) if isinstance(children, list) else children.id
+
+
+def _less_ramp(win: list[int], f: int, up: int) -> None:
+    """Take ramp-up ``up`` off every window but each ``f``-th (COMET's 32-bit wrap)."""
+    win[:] = [(w - up) & 0xFFFFFFFF if i % f else w for i, w in enumerate(win)]
 
 
 def _extend_leaf(a: LeafResult, b: LeafResult, k: int) -> LeafResult:

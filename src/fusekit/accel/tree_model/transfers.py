@@ -24,19 +24,34 @@ from fusekit.accel.tree_model.records import Cost, Move, MoveRow, Moves, Nests, 
 
 #: One iteration's transfer: memory cycles, network cycles, router energy (pJ).
 Transfer = tuple[int, int, float]
+#: All a transfer depends on besides the arch: target and child level, read-write,
+#: read-modify-write, precision, tile, distinct tiles, spatial children, generalised network.
+TransferKey = tuple[str, str, bool, bool, int, int, int, int, bool]
 
 
 class Transfers:
-    """The transfers of one tree: per tile node and tensor, each iteration's cost (cached)."""
+    """The transfers of one tree: per tile node and tensor, each iteration's cost (cached).
 
-    def __init__(self, arch: Hierarchy, nests: Nests, moves: Moves, generalise: bool) -> None:
+    ``shared``: the cache of :meth:`transfer`, to share among trees over the same arch (the
+    tilings of a template).
+    """
+
+    def __init__(
+        self,
+        arch: Hierarchy,
+        nests: Nests,
+        moves: Moves,
+        generalise: bool,
+        shared: dict[TransferKey, Transfer] | None = None,
+    ) -> None:
         self.arch, self.nests, self.moves = arch, nests, moves
         self.generalise = generalise  # the network model beyond COMET's sub-mesh table
-        self._cache: dict[tuple[int, int, int, int, int], Transfer] = {}
+        self._cache: dict[TransferKey, Transfer] = {} if shared is None else shared
 
     def transfer(self, node: TreeNode, t: int, mv: Move) -> Transfer:
         """Memory cycles, network cycles and router energy of one iteration's transfer."""
-        key = (node.id, t, mv.tile, mv.unique, mv.count)
+        key = (node.targets[t], node.childs[t], self.nests.tiles[node.id].rw[t], node.rmw[t],
+               node.scale[t], mv.tile, mv.unique, mv.count, self.generalise)  # fmt: skip
         hit = self._cache.get(key)
         if hit is None:
             hit = self._transfer(node, t, mv)
@@ -61,52 +76,54 @@ class Transfers:
                            generalise=self.generalise)  # fmt: skip
         return memory, lat, e
 
+    def _cycles(self, node: TreeNode, t: int, mv: Move) -> tuple[int, float]:
+        """One iteration's transfer cycles (memory plus network) and router energy."""
+        memory, lat, e = self.transfer(node, t, mv)
+        return memory + lat, e
+
     def stalls(self, node: TreeNode, t: int, mvs: MoveRow, no_stall: list[int], hide: bool,
                reuse: int, different: bool) -> Cost:  # fmt: skip
-        """Per-iteration stalls of one tensor's transfers against the windows ``no_stall``."""
+        """Per-iteration stalls of one tensor's transfers against the windows ``no_stall``.
+
+        An iteration's stall is its transfer cycles less its window (all of them where the
+        transfer is not hidden, none where it moves nothing). The iterations that count are
+        every one (``different``) or every ``reuse``-th; the ``k``-th of them is kept at
+        ``k + 1`` for a write, ``k - 1`` for a read. The first read is the ramp-up, the write
+        at ``n - reuse`` the ramp-down: neither counts. Every iteration adds its router energy.
+        """
         rw = self.nests.tiles[node.id].rw[t]
         n = len(mvs)
         pseudo = n if different else n // reuse
         c = Cost.sized(pseudo)
-        start = 1 if rw else -1
         c.tile_size = mvs[0].tile
         c.access_count = pseudo
-        seen: dict[int, tuple[int, float]] = {}  # per Move object (rows share them)
-        n_win = len(no_stall)
-        c_stall, c_mem = c.stall, c.mem_net
-        noc_pj, cumm, cumm_stall = c.noc_pj, 0, 0
-        last = n - reuse if rw else -1
-        for idx, mv in enumerate(mvs):
-            hit = seen.get(id(mv))
-            if hit is None:
-                memory, lat, e = self.transfer(node, t, mv)
-                hit = seen[id(mv)] = (memory + lat, e)
-            eff, e = hit
-            noc_pj += e
-            if idx == last:
-                c.ramp_down = eff
-                continue
-            if idx == 0 and not rw:
-                c.ramp_up = eff
-                continue
-            if not hide:
-                stall = eff
-            elif eff == 0:
-                stall = 0
-            else:
-                stall = eff - (no_stall[idx] if idx < n_win else 0)
-            if different:
-                j = idx + start
-            elif idx % reuse == 0:
-                j = idx // reuse + start
-            else:
-                continue
-            if 0 <= j < pseudo:
-                c_stall[j] = stall
-                c_mem[j] = eff
-            cumm += eff
-            cumm_stall += stall
-        c.noc_pj, c.cumm, c.cumm_stall = noc_pj, cumm, cumm_stall
+        moved = self._cycles(node, t, mvs.moved)
+        kept = self._cycles(node, t, mvs.kept) if mvs.firsts() < n else (0, 0.0)
+        c.noc_pj = _energy_sum(mvs, moved[1], kept[1])
+        step = 1 if different else reuse
+        effs = _picked(mvs, step, moved[0], kept[0])
+        waits = no_stall[0:n:step]
+        waits += [0] * (len(effs) - len(waits))  # past the windows: nothing hides the transfer
+        if not hide:
+            stalls = list(effs)
+        else:
+            stalls = [eff - w if eff else 0 for eff, w in zip(effs, waits, strict=True)]
+        skip = -1  # the picked iteration that is a ramp, not a stall
+        if rw:
+            last = n - reuse
+            if last >= 0:
+                c.ramp_down = moved[0] if _is_first(mvs, last) else kept[0]
+                if last % step == 0:
+                    skip = last // step
+        else:
+            c.ramp_up = effs[0]
+            skip = 0
+        if skip >= 0:
+            effs[skip] = stalls[skip] = 0
+        shift = 1 if rw else -1
+        _place(c.stall, stalls, shift)
+        _place(c.mem_net, effs, shift)
+        c.cumm, c.cumm_stall = sum(effs), sum(stalls)
         return c
 
     def port_costs(self, node: TreeNode, t: int, op_cycles: int | None, child_cost: int,
@@ -114,26 +131,59 @@ class Transfers:
         """COMET's per-tensor cost at a node: [read port, write port]."""
         nest = self.nests.tiles[node.id]
         mvs = self.moves[node.id][t]
-        tt = 1 if nest.rw[t] else 0
         base = nest.rel_ts[t] * op_cycles if op_cycles is not None else child_cost
         different = len(set(nest.iters)) != 1
         actual = mvs.moving()
         reuse = nest.iters[t] // actual if actual else 0
         reuse = reuse or 1
         if reuse == 1:
-            no_stall = list(window)
-        else:
-            no_stall = [sum(window[i:i + reuse]) if i % reuse == 0 else 0
-                        for i in range(len(window))]  # fmt: skip
-        ports = [Cost(), Cost()]
+            no_stall = window  # read only
+        else:  # each reuse-th iteration's window covers the reused ones after it
+            no_stall = [0] * len(window)
+            no_stall[::reuse] = [sum(window[i:i + reuse])
+                                 for i in range(0, len(window), reuse)]  # fmt: skip
         c = self.stalls(node, t, mvs, no_stall, hide, reuse, different)
         c.window = [base * reuse] * actual
         c.reuse = reuse
         c.tens_idx = t
-        c.compute_time = sum(no_stall)
+        c.compute_time = sum(window)
         c.hide = hide
-        ports[tt] = c
-        return ports
+        return [Cost(), c] if nest.rw[t] else [c, Cost()]
+
+
+def _is_first(mvs: MoveRow, i: int) -> bool:
+    """Whether iteration ``i`` of ``mvs`` gets its ``moved`` move."""
+    return i == 0 or (mvs.period > 0 and i % mvs.period == 0)
+
+
+def _picked(mvs: MoveRow, step: int, moved: int, kept: int) -> list[int]:
+    """``moved`` or ``kept`` of every ``step``-th iteration of ``mvs``, as it gets either."""
+    picked = range(0, len(mvs), step)
+    if mvs.period <= 0:
+        out = [kept] * len(picked)
+        out[0] = moved
+        return out
+    return [moved if i % mvs.period == 0 else kept for i in picked]
+
+
+def _energy_sum(mvs: MoveRow, moved: float, kept: float) -> float:
+    """The router energy of every iteration, added in iteration order (float rounding)."""
+    total = 0.0
+    if kept == 0.0:  # adding 0.0 leaves the total as it is
+        for _ in range(mvs.firsts()):
+            total += moved
+        return total
+    for i in range(len(mvs)):
+        total += moved if _is_first(mvs, i) else kept
+    return total
+
+
+def _place(dst: list[int], src: list[int], shift: int) -> None:
+    """``dst[k + shift] = src[k]`` for every ``k`` that lands inside ``dst``."""
+    lo = max(0, -shift)
+    hi = min(len(src), len(dst) - shift)
+    if hi > lo:
+        dst[lo + shift : hi + shift] = src[lo:hi]
 
 
 def _memory_cycles(
