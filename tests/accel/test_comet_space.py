@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import random
 from pathlib import Path
 
 import pytest
 
-from fusekit.accel.comet.files import read_case
-from fusekit.accel.comet.space import Space, arch_constraints
+from fusekit.accel.comet.files import (
+    CometInputError,
+    compile_mapping,
+    read_case,
+    read_mapping,
+    read_problem,
+)
+from fusekit.accel.comet.space import Space, Tiling, arch_constraints, constants
 from fusekit.accel.compat import Compat
-from fusekit.accel.tree import pre_order
+from fusekit.accel.tree import TreeMapping, TreeNode, pre_order, tree_to_dict
 from fusekit.accel.tree_model import FitError, analyse, ideal_op_cycles
 from fusekit.accel.tree_model.nests import build_movements, build_nests
 from fusekit.accel.tree_model.records import Move, MoveRow
@@ -156,3 +163,80 @@ def test_move_row_is_the_list_it_stands_for(period, n):
     assert list(row[:3]) == ref[:3] and list(row[: n + 4]) == ref
     assert row.moving() == sum(1 for m in ref if m.unique)
     assert MoveRow(n, period, moved, moved).moving() == n
+
+
+def _read_afresh(sp: Space, tiling: Tiling, extents: dict[str, int]) -> TreeMapping:
+    """The tree as reading the files gives it: problem and mapping read for this tiling alone."""
+    const = constants(tiling, extents)
+    prob = read_problem(sp.problem_doc, const, "problem.yaml")
+    root = read_mapping(sp.mapping_doc, prob, sp.arch, const, "mapping.yaml")
+    return TreeMapping(sp.arch, prob, root, const, sp.mapping_file)
+
+
+def _containers(n: TreeNode) -> list[object]:
+    lists = (n.tensors, n.targets, n.childs, n.tags, n.scale, n.rmw, n.order, n.tilings,
+             n.primitive, n.tilesizes, n.red_dims, n.red_factors, n.src, n.dest,
+             n.children)  # fmt: skip
+    return [n, *lists, *n.tilings, *(f for t in n.tilings for f in t), *n.tilesizes.values()]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_compiled_mapping_gives_the_tree_read_afresh(op, tmp_path):
+    """``Space.inputs`` (mapping compiled once, problem kept per sizes) gives the files' tree.
+
+    Every build makes fresh nodes and containers, numbered in pre-order, linked to their parents.
+    """
+    sp = _space(op, "edge")
+    trees: list[TreeMapping] = []  # kept alive, so that no object id is reused
+    for dims in SHAPES["edge"][:2]:
+        extents = dict(zip("MNK", dims, strict=True))
+        tilings = sp.tilings(extents, arch_constraints(sp.arch))
+        random.Random(3).shuffle(tilings)
+        for t in tilings[:6]:
+            got = sp.inputs(t, extents)
+            assert tree_to_dict(got) == tree_to_dict(_read_afresh(sp, t, extents)), (dims, t)
+            nodes = pre_order(got.mapping)
+            assert [n.id for n in nodes] == list(range(len(nodes)))
+            assert got.mapping.parent is None
+            assert all(c.parent is n for n in nodes for c in n.children)
+            trees.append(got)
+    owned = [id(x) for tm in trees for n in pre_order(tm.mapping) for x in _containers(n)]
+    assert len(owned) == len(set(owned))  # nothing shared between two trees
+    t = tilings[0]
+    case = sp.write(tmp_path / "case", t, extents, "edge")
+    assert tree_to_dict(read_case(case)) == tree_to_dict(sp.inputs(t, extents))
+
+
+def _first_tiling(sp: Space) -> tuple[Tiling, dict[str, int]]:
+    extents = dict(zip("MNK", SHAPES["edge"][1], strict=True))
+    return sp.tilings(extents, arch_constraints(sp.arch))[0], extents
+
+
+def test_compiled_mapping_keeps_the_errors_of_a_walk():
+    """A bad constant is named as reading the files names it, tiling after tiling; a failed
+    check that needs no constant, in a later node, does not come first."""
+    sp = _space("gemm", "edge")
+    sp.mapping_doc = copy.deepcopy(sp.mapping_doc)
+    root = sp.mapping_doc["mapping"]
+    root["factors"] = [str(f).replace("M_A_DRAM_temporal", "M_nowhere") for f in root["factors"]]
+    leaf = root
+    while leaf.get("subtree"):
+        leaf = leaf["subtree"][-1]
+    leaf["colour"] = "red"  # an unknown key, in the last node
+    t, extents = _first_tiling(sp)
+    with pytest.raises(CometInputError) as afresh:
+        _read_afresh(sp, t, extents)
+    text = str(afresh.value)
+    assert text == "mapping.yaml: mapping (datamovement_tile node 0): missing constant 'M_nowhere'"
+    for t in sp.tilings(extents, arch_constraints(sp.arch))[:3]:
+        with pytest.raises(CometInputError) as cached:
+            sp.inputs(t, extents)
+        assert str(cached.value) == text
+    const = constants(t, extents)
+    prob = read_problem(sp.problem_doc, const, "problem.yaml")
+    template = compile_mapping(sp.mapping_doc, prob, sp.arch, "mapping.yaml")
+    with pytest.raises(CometInputError, match=r"\(\w+ node \d+\): unknown key 'colour'$"):
+        template.build({**const, "M_nowhere": 1})
+    bad = r"node 0\): expected 'constant M_nowhere' to be an integer >= 1 \(got 0\)$"
+    with pytest.raises(CometInputError, match=bad):
+        template.build({**const, "M_nowhere": 0})

@@ -22,6 +22,7 @@ Every problem is raised as :class:`CometInputError`, one line naming the file an
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -243,52 +244,310 @@ def read_problem(doc: dict[str, Any], const: dict[str, Any], file: str) -> Chain
                    dict(sorted(ops.items())))  # fmt: skip
 
 
+def instance_keys(doc: Any) -> tuple[str, ...]:
+    """The texts :func:`read_problem` reads the instance sizes from, one per dimension.
+
+    The problem depends on the constants only through these keys (a size names a constant or
+    gives a number), so a reader may keep one :class:`Chain` per their values.
+    """
+    p = doc.get("problem") if isinstance(doc, dict) else None
+    inst = (p.get("instance") or {}) if isinstance(p, dict) else {}
+    if not isinstance(p, dict) or not isinstance(inst, dict):
+        return ()
+    return tuple(str(inst.get(str(d), "")).strip() for d in p.get("dimensions") or [])
+
+
 # --- mapping ----------------------------------------------------------------------------------
+#
+# A mapping is read in two steps: :func:`compile_mapping` walks the document once and checks all
+# that does not depend on the constants' values (keys, levels, tensors, factor and primitive
+# texts); :meth:`MappingTemplate.build` gives the tree of one set of constants. A search builds
+# thousands of trees of one template, differing only in the constants. Each error comes where a
+# single walk would raise it: a check that fails in the compile step is raised by ``build`` at
+# the point of the walk where it belongs (after the values met before it), and the values are
+# resolved in the walk's order when one of them is bad.
+
+_FACTORS = re.compile(r"\s*([A-Z]+)\s*=\s*\[([^\]]+)\]")
+_TERMS = re.compile(r"(.)=([^ ]*)")
+_BINDINGS = {"seq": "sequential", "para": "parallel", "pipe": "pipeline", "shar": "sharing"}
+_RED_OPS = {"max": "max", "add": "add", "sub": "add", "mult": "mult"}
+
+#: Pairs (dim id, value id) of one factors line or tile primitive, in the text's order.
+_Terms = list[tuple[int, int]]
 
 
-def _tiling(
-    text: str, prob: Chain, const: dict[str, Any], file: str, where: str
+@dataclass(slots=True)
+class _Texts:
+    """The distinct value texts of a mapping, numbered by first use, each with where it is met.
+
+    A value's error names the node where the walk first meets its text: a text that is bad is
+    bad wherever it occurs.
+    """
+
+    texts: list[str] = field(default_factory=list)
+    wheres: list[str] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def add(self, text: Any, where: str, used: list[int]) -> int:
+        """The id of ``text`` (as :func:`_value` keys it); appended to ``used``, the node's."""
+        key = str(text).strip()
+        i = self.ids.get(key)
+        if i is None:
+            i = self.ids[key] = len(self.texts)
+            self.texts.append(key)
+            self.wheres.append(where)
+        used.append(i)
+        return i
+
+
+class _LazyValues:
+    """The values of a template's texts, each resolved when first read (the walk's order).
+
+    Used when resolving them all at once fails, so that the error raised is the one a single
+    walk of the document meets first.
+    """
+
+    def __init__(self, texts: _Texts, const: dict[str, Any], file: str) -> None:
+        self._texts = texts
+        self._const = const
+        self._file = file
+        self._got: dict[int, int] = {}
+
+    def __getitem__(self, i: int) -> int:
+        got = self._got.get(i)
+        if got is None:
+            got = _value(self._texts.texts[i], self._const, self._file, self._texts.wheres[i])
+            self._got[i] = got
+        return got
+
+
+@dataclass(slots=True)
+class _Build:
+    """What building one tree reads: the constants, their values by text id, the problem."""
+
+    const: dict[str, Any]
+    vals: list[int] | _LazyValues
+    careful: bool  # values resolve lazily: read each node's in the walk's order
+    prob: Chain
+    file: str
+
+
+def _again(error: Exception) -> Exception:
+    """A failed check of the compile step, to raise at each build (a fresh copy where it can)."""
+    if isinstance(error, CometInputError):
+        return CometInputError(error.file, error.node, error.problem)
+    return error.with_traceback(None)  # a document malformed past the checks: as a walk fails
+
+
+@dataclass(slots=True)
+class _Node:
+    """A compiled mapping node: what its tree node holds that no constant changes."""
+
+    id: int
+    where: str
+    children: list[_Node] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)  # value ids read before ``error``
+    error: Exception | None = None  # a failed check, raised after the values in ``used``
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """A fresh tree node (and subtree) for ``b``'s constants."""
+        raise NotImplementedError
+
+    def subtree(self, b: _Build, node: TreeNode) -> TreeNode:
+        """``node`` with its children built (after its own checks)."""
+        node.children = [c.build(b, node) for c in self.children]
+        return node
+
+    def values(self, b: _Build) -> None:
+        """Resolve the node's values in their order (when resolving lazily), then its error."""
+        if b.careful:
+            for i in self.used:
+                b.vals[i]
+        if self.error is not None:
+            raise _again(self.error)
+
+
+@dataclass(slots=True)
+class _Broken(_Node):
+    """A node whose check fails before it reads any constant."""
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """Raise the failed check."""
+        assert self.error is not None
+        raise _again(self.error)
+
+
+@dataclass(slots=True)
+class _Order:
+    """The loop order of a tile for one permutation text, and per tensor the dicts it fills."""
+
+    order: list[int]
+    error: str  # the factors lines do not fit the order (raised after the values)
+    fill: list[list[list[tuple[int, int]]]]  # [tensor][line] (dim id, value id), in order
+
+
+@dataclass(slots=True)
+class _Tile(_Node):
+    """A ``DataMovement_Tile``; the permutation may name a constant, resolved per build."""
+
+    spatial: bool = False
+    tensors: list[int] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    childs: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    scale: list[int] = field(default_factory=list)
+    rmw: list[bool] = field(default_factory=list)
+    perm: str = ""
+    lines: list[dict[int, list[int]]] = field(default_factory=list)  # dim -> value id per tensor
+    orders: dict[str, _Order] = field(default_factory=dict)
+
+    def order(self, perm: str, prob: Chain, file: str) -> _Order:
+        """The loop order for permutation ``perm`` (cached), checked against the factors."""
+        got = self.orders.get(perm)
+        if got is None:
+            order = [prob.dim(c, file, self.where) for c in perm if not c.isspace()]
+            error = ""
+            for fac in self.lines:
+                if len(fac) != len(order) or set(fac) != set(order):
+                    error = "factors and permutation name other dims"
+                    break
+                if any(len(v) != len(self.tensors) for v in fac.values()):
+                    error = "expected one factor per tensor"
+                    break
+            fill = [] if error else [[[(d, fac[d][t]) for d in order] for fac in self.lines]
+                                     for t in range(len(self.tensors))]  # fmt: skip
+            got = self.orders[perm] = _Order(order, error, fill)
+        return got
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """The tile node: loop order, then the factors per tensor and line."""
+        perm = str(b.const.get(self.perm, self.perm))
+        order = self.order(perm, b.prob, b.file)
+        self.values(b)
+        if order.error:
+            raise CometInputError(b.file, self.where, order.error)
+        vals = b.vals
+        node = TreeNode(
+            self.id, "tile", parent=parent, spatial=self.spatial, tensors=list(self.tensors),
+            targets=list(self.targets), childs=list(self.childs), tags=list(self.tags),
+            scale=list(self.scale), rmw=list(self.rmw), order=list(order.order),
+            tilings=[[{d: vals[i] for d, i in line} for line in lines] for lines in order.fill],
+        )  # fmt: skip
+        return self.subtree(b, node)
+
+
+@dataclass(slots=True)
+class _Op(_Node):
+    """An ``Operation`` leaf; reduction dimension names may name constants."""
+
+    op_type: str = ""
+    op_name: str = ""
+    tensors: list[int] = field(default_factory=list)
+    primitive: _Terms = field(default_factory=list)
+    steps: list[tuple[int, _Terms]] = field(default_factory=list)  # per tensor, in order
+    reductions: list[tuple[str, int]] = field(default_factory=list)  # (dim text, value id)
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """The op node: primitive and tile steps, then the reduction attributes."""
+        self.values(b)
+        vals = b.vals
+        node = TreeNode(
+            self.id, "op", parent=parent, tensors=list(self.tensors), op_type=self.op_type,
+            op_name=self.op_name, primitive={d: vals[i] for d, i in self.primitive},
+            tilesizes={t: {d: vals[i] for d, i in terms} for t, terms in self.steps},
+        )  # fmt: skip
+        for d, i in self.reductions:
+            name = str(b.const[d]) if d in b.const and len(d) != 1 else d
+            did = b.prob.dim(name, b.file, self.where)
+            node.red_dims.append(did)
+            node.red_factors[did] = vals[i]
+        return self.subtree(b, node)
+
+
+@dataclass(slots=True)
+class _Bind(_Node):
+    """An ``inter_tile_binding``."""
+
+    binding: str = ""
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """The binding node."""
+        return self.subtree(b, TreeNode(self.id, "bind", parent=parent, binding=self.binding))
+
+
+@dataclass(slots=True)
+class _Collective(_Node):
+    """A ``CollectiveOperation``: its fields name no constant."""
+
+    fields: dict[str, Any] = field(default_factory=dict)  # TreeNode fields, lists copied
+
+    def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
+        """The collective node."""
+        f = self.fields
+        node = TreeNode(self.id, "collective", parent=parent, **{**f, "src": list(f["src"]),
+                        "dest": list(f["dest"])})  # fmt: skip
+        return self.subtree(b, node)
+
+
+@dataclass(slots=True)
+class MappingTemplate:
+    """A mapping document compiled for a problem and an arch (:func:`compile_mapping`).
+
+    Its trees use only the problem's dimension, tensor and op names, not its sizes, so one
+    template serves every problem read from the same document.
+    """
+
+    root: _Node
+    texts: _Texts
+    prob: Chain
+    file: str
+
+    def build(self, const: dict[str, Any]) -> TreeNode:
+        """A fresh tree for ``const``, numbered in pre-order, the same as :func:`read_mapping`'s.
+
+        Raises:
+            CometInputError: the error a walk of the document with ``const`` meets first.
+        """
+        try:
+            vals: list[int] | _LazyValues = _resolve(self.texts, const, self.file)
+            careful = False
+        except CometInputError:
+            vals, careful = _LazyValues(self.texts, const, self.file), True
+        return self.root.build(_Build(const, vals, careful, self.prob, self.file), None)
+
+
+def _resolve(texts: _Texts, const: dict[str, Any], file: str) -> list[int]:
+    """Every text's value (a positive int constant directly, else through :func:`_value`)."""
+    out = []
+    for key, where in zip(texts.texts, texts.wheres, strict=True):
+        v = const.get(key)
+        out.append(v if type(v) is int and v >= 1 else _value(key, const, file, where))
+    return out
+
+
+def _terms(text: Any, prob: Chain, texts: _Texts, file: str, where: str, used: list[int]) -> _Terms:
+    """The ``D=VALUE`` terms of a tile primitive or tile steps text."""
+    return [(prob.dim(key, file, where), texts.add(val, where, used))
+            for key, val in _TERMS.findall(str(text))]  # fmt: skip
+
+
+def _factors(
+    text: str, prob: Chain, texts: _Texts, file: str, where: str, used: list[int]
 ) -> dict[int, list[int]]:
+    """The ``D=[v, ...]`` terms of a factors line: per dim, a value id per tensor."""
     out: dict[int, list[int]] = {}
-    for key, vals in re.findall(r"\s*([A-Z]+)\s*=\s*\[([^\]]+)\]", text):
+    for key, vals in _FACTORS.findall(text):
         d = prob.dim(key, file, where)
-        out[d] = [_value(v.strip(), const, file, where) for v in vals.split(",")]
+        out[d] = [texts.add(v.strip(), where, used) for v in vals.split(",")]
     return out
 
 
-def _primitive(
-    text: str, prob: Chain, const: dict[str, Any], file: str, where: str
-) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for key, val in re.findall(r"(.)=([^ ]*)", str(text)):
-        out[prob.dim(key, file, where)] = _value(val, const, file, where)
-    return out
+def _tile(
+    raw: dict[str, Any], node: _Node, prob: Chain, arch: Hierarchy, texts: _Texts, file: str
+) -> _Tile:
+    where = node.where
 
-
-def _attrs(
-    node: TreeNode, raw: dict[str, Any], prob: Chain, const: dict[str, Any], file: str, where: str
-) -> None:
-    attrs = raw.get("compute_attributes")
-    if not isinstance(attrs, dict):
-        return
-    dims = [str(d) for d in attrs.get("reduction_dimensions") or []]
-    facs = [str(f) for f in attrs.get("reduction_factors") or []]
-    if len(dims) != len(facs):
-        raise CometInputError(file, where, "reduction dimensions and factors differ in length")
-    for d, f in zip(dims, facs, strict=True):
-        name = str(const[d]) if d in const and len(d) != 1 else d
-        did = prob.dim(name, file, where)
-        node.red_dims.append(did)
-        node.red_factors[did] = _value(f, const, file, where)
-
-
-def read_mapping(
-    doc: dict[str, Any], prob: Chain, arch: Hierarchy, const: dict[str, Any], file: str
-) -> TreeNode:
-    """The mapping tree, numbered in pre-order as COMET numbers it."""
-    counter = [0]
-
-    def lst(raw: dict[str, Any], key: str, n: int, default: Any, where: str) -> list[Any]:
+    def lst(key: str, n: int, default: Any) -> list[Any]:
         v = raw.get(key)
         if v is None:
             return [default] * n
@@ -296,107 +555,153 @@ def read_mapping(
             raise CometInputError(file, where, f"expected '{key}' to list one entry per tensor")
         return v
 
-    def visit(raw: Any, parent: TreeNode | None, path: str) -> TreeNode:
-        if not isinstance(raw, dict) or "node_type" not in raw:
-            raise CometInputError(file, path, "expected a node with a 'node_type'")
-        kind = str(raw["node_type"]).lower()
-        node = TreeNode(counter[0], "")
-        counter[0] += 1
-        node.parent = parent
-        where = f"{path} ({kind} node {node.id})"
-        if kind in KEYS:
-            _known(raw, kind, file, where)
-        if kind == "datamovement_tile":
-            node.kind = "tile"
-            node.spatial = str(raw.get("type")) != "temporal"
-            names = [str(t) for t in raw.get("tensors") or []]
-            n = len(names)
-            node.tensors = [prob.tid(t, file, where) for t in names]
-            node.targets = [str(t) for t in lst(raw, "target", n, None, where)]
-            node.childs = [str(t) for t in lst(raw, "child", n, None, where)]
-            for lv in node.targets + node.childs:
-                arch.level(lv, file, where)
-            node.tags = [str(t) for t in lst(raw, "tag", n, "None", where)]
-            node.scale = [
-                count(s, file, where, "precision") for s in lst(raw, "precision", n, 1, where)
-            ]
-            node.rmw = [bool(s) for s in lst(raw, "rmw", n, False, where)]
-            perm = str(raw.get("permutation", ""))
-            perm = str(const.get(perm, perm))
-            node.order = [prob.dim(c, file, where) for c in perm if not c.isspace()]
-            factors = raw.get("factors")
-            if not isinstance(factors, list) or not factors:
-                raise CometInputError(file, where, "expected a list of 'factors'")
-            parsed = [_tiling(str(f), prob, const, file, where) for f in factors]
-            for fac in parsed:
-                if len(fac) != len(node.order) or set(fac) != set(node.order):
-                    raise CometInputError(file, where, "factors and permutation name other dims")
-                if any(len(v) != n for v in fac.values()):
-                    raise CometInputError(file, where, "expected one factor per tensor")
-            node.tilings = [[{d: fac[d][t] for d in node.order} for fac in parsed]
-                            for t in range(n)]  # fmt: skip
-        elif kind == "operation":
-            node.kind = "op"
-            node.op_type = str(raw.get("type", "")).lower()
-            if node.op_type not in OP_TYPES:
-                raise CometInputError(file, where, f"unknown operation type {node.op_type!r}")
-            node.op_name = str(raw.get("name", ""))
-            if node.op_name not in prob.ops:
-                raise CometInputError(file, where, f"op {node.op_name!r} is not in the problem")
-            node.tensors = [prob.tid(str(t), file, where) for t in raw.get("tensors") or []]
-            if "TilePrimitive" not in raw or "TileSteps" not in raw:
-                raise CometInputError(file, where, "expected 'TilePrimitive' and 'TileSteps'")
-            node.primitive = _primitive(raw["TilePrimitive"], prob, const, file, where)
-            steps = raw["TileSteps"] or {}
-            for t in node.tensors:
-                name = prob.tensors[t]
-                if name not in steps:
-                    raise CometInputError(file, where, f"no TileSteps for tensor {name}")
-                node.tilesizes[t] = _primitive(steps[name], prob, const, file, where)
-            _attrs(node, raw, prob, const, file, where)
-        elif kind == "inter_tile_binding":
-            node.kind = "bind"
-            b = str(raw.get("binding", "")).lower()
-            kinds = {"seq": "sequential", "para": "parallel", "pipe": "pipeline", "shar": "sharing"}
-            node.binding = next((v for k, v in kinds.items() if k in b), "")
-            if not node.binding:
-                raise CometInputError(file, where, f"unknown binding {b!r}")
-        elif kind == "collectiveoperation":
-            node.kind = "collective"
-            node.col_type = str(raw.get("type", ""))
-            if node.col_type not in COLLECTIVE_TYPES:
-                raise CometInputError(file, where, f"unknown collective type {node.col_type!r}")
-            node.target = arch.level(str(raw.get("target")), file, where).name
-            node.child = arch.level(str(raw.get("child")), file, where).name
-            node.red_op = {"max": "max", "add": "add", "sub": "add", "mult": "mult"}.get(
-                str(raw.get("reduction_op", "")).lower(), ""
-            )
-            node.dim = prob.dim(str(raw.get("dimension")), file, where)
-            node.tag = str(raw.get("tag", ""))
-            node.spatial_factor = count(
-                raw.get("spatial_factor", 0), file, where, "spatial_factor", 0
-            )
-            node.precision = count(raw.get("precision", 1), file, where, "precision")
-            node.src = [arch.level(str(s), file, where).name for s in raw.get("src") or []]
-            node.dest = [arch.level(str(s), file, where).name for s in raw.get("dest") or []]
-            node.in_tensor = prob.tid(str(raw.get("in_tensor")), file, where)
-            node.out_tensor = prob.tid(str(raw.get("out_tensor")), file, where)
-            if "wb_output" not in raw:
-                raise CometInputError(file, where, "expected 'wb_output'")
-            node.wb_output = bool(raw["wb_output"])
-        else:
-            raise CometInputError(file, path, f"unknown node_type {raw['node_type']!r}")
-        sub = raw.get("subtree")
-        if sub is not None:
-            for i, s in enumerate(sub if isinstance(sub, list) else [sub]):
-                node.children.append(visit(s, node, f"{path}.subtree[{i}]"))
-        return node
+    names = [str(t) for t in raw.get("tensors") or []]
+    n = len(names)
+    tile = _Tile(node.id, where, spatial=str(raw.get("type")) != "temporal")
+    tile.tensors = [prob.tid(t, file, where) for t in names]
+    tile.targets = [str(t) for t in lst("target", n, None)]
+    tile.childs = [str(t) for t in lst("child", n, None)]
+    for lv in tile.targets + tile.childs:
+        arch.level(lv, file, where)
+    tile.tags = [str(t) for t in lst("tag", n, "None")]
+    tile.scale = [count(s, file, where, "precision") for s in lst("precision", n, 1)]
+    tile.rmw = [bool(s) for s in lst("rmw", n, False)]
+    tile.perm = str(raw.get("permutation", ""))
+    try:  # checked after the permutation, which may name a constant
+        factors = raw.get("factors")
+        if not isinstance(factors, list) or not factors:
+            raise CometInputError(file, where, "expected a list of 'factors'")
+        tile.lines = [_factors(str(f), prob, texts, file, where, tile.used) for f in factors]
+    except Exception as e:  # raised by build, in the walk's order
+        tile.error = e
+    return tile
 
+
+def _op(raw: dict[str, Any], node: _Node, prob: Chain, texts: _Texts, file: str) -> _Op:
+    where = node.where
+    op = _Op(node.id, where, op_type=str(raw.get("type", "")).lower())
+    if op.op_type not in OP_TYPES:
+        raise CometInputError(file, where, f"unknown operation type {op.op_type!r}")
+    op.op_name = str(raw.get("name", ""))
+    if op.op_name not in prob.ops:
+        raise CometInputError(file, where, f"op {op.op_name!r} is not in the problem")
+    op.tensors = [prob.tid(str(t), file, where) for t in raw.get("tensors") or []]
+    if "TilePrimitive" not in raw or "TileSteps" not in raw:
+        raise CometInputError(file, where, "expected 'TilePrimitive' and 'TileSteps'")
+    try:  # checked after the values met before
+        op.primitive = _terms(raw["TilePrimitive"], prob, texts, file, where, op.used)
+        steps = raw["TileSteps"] or {}
+        for t in op.tensors:
+            name = prob.tensors[t]
+            if name not in steps:
+                raise CometInputError(file, where, f"no TileSteps for tensor {name}")
+            op.steps.append((t, _terms(steps[name], prob, texts, file, where, op.used)))
+        attrs = raw.get("compute_attributes")
+        if isinstance(attrs, dict):
+            dims = [str(d) for d in attrs.get("reduction_dimensions") or []]
+            facs = [str(f) for f in attrs.get("reduction_factors") or []]
+            if len(dims) != len(facs):
+                raise CometInputError(
+                    file, where, "reduction dimensions and factors differ in length"
+                )
+            late: list[int] = []  # read by build, each after its dimension's check
+            pairs = zip(dims, facs, strict=True)
+            op.reductions = [(d, texts.add(f, where, late)) for d, f in pairs]
+    except Exception as e:  # raised by build, in the walk's order
+        op.error = e
+    return op
+
+
+def _bind(raw: dict[str, Any], node: _Node, file: str) -> _Bind:
+    b = str(raw.get("binding", "")).lower()
+    binding = next((v for k, v in _BINDINGS.items() if k in b), "")
+    if not binding:
+        raise CometInputError(file, node.where, f"unknown binding {b!r}")
+    return _Bind(node.id, node.where, binding=binding)
+
+
+def _collective(
+    raw: dict[str, Any], node: _Node, prob: Chain, arch: Hierarchy, file: str
+) -> _Collective:
+    where = node.where
+    col_type = str(raw.get("type", ""))
+    if col_type not in COLLECTIVE_TYPES:
+        raise CometInputError(file, where, f"unknown collective type {col_type!r}")
+    f: dict[str, Any] = {"col_type": col_type}
+    f["target"] = arch.level(str(raw.get("target")), file, where).name
+    f["child"] = arch.level(str(raw.get("child")), file, where).name
+    f["red_op"] = _RED_OPS.get(str(raw.get("reduction_op", "")).lower(), "")
+    f["dim"] = prob.dim(str(raw.get("dimension")), file, where)
+    f["tag"] = str(raw.get("tag", ""))
+    f["spatial_factor"] = count(raw.get("spatial_factor", 0), file, where, "spatial_factor", 0)
+    f["precision"] = count(raw.get("precision", 1), file, where, "precision")
+    f["src"] = [arch.level(str(s), file, where).name for s in raw.get("src") or []]
+    f["dest"] = [arch.level(str(s), file, where).name for s in raw.get("dest") or []]
+    f["in_tensor"] = prob.tid(str(raw.get("in_tensor")), file, where)
+    f["out_tensor"] = prob.tid(str(raw.get("out_tensor")), file, where)
+    if "wb_output" not in raw:
+        raise CometInputError(file, where, "expected 'wb_output'")
+    f["wb_output"] = bool(raw["wb_output"])
+    return _Collective(node.id, where, fields=f)
+
+
+def compile_mapping(
+    doc: dict[str, Any], prob: Chain, arch: Hierarchy, file: str
+) -> MappingTemplate:
+    """The mapping document checked and parsed once, for :meth:`MappingTemplate.build`.
+
+    Raises:
+        CometInputError: the document has no ``mapping`` node (other failed checks are raised
+            by ``build``, where a walk of the document meets them).
+    """
     m = doc.get("mapping") if isinstance(doc, dict) else None
     if not isinstance(m, dict):
         raise CometInputError(file, "mapping", "expected a 'mapping' node")
     _known(doc, "mapping_file", file, "")
-    return visit(m, None, "mapping")
+    texts = _Texts()
+    counter = [0]
+    broken = [False]  # a node failed: the walk stops there
+
+    def node(raw: Any, path: str) -> _Node:
+        if not isinstance(raw, dict) or "node_type" not in raw:
+            raise CometInputError(file, path, "expected a node with a 'node_type'")
+        kind = str(raw["node_type"]).lower()
+        base = _Node(counter[0], f"{path} ({kind} node {counter[0]})")
+        counter[0] += 1
+        if kind in KEYS:
+            _known(raw, kind, file, base.where)
+        if kind == "datamovement_tile":
+            return _tile(raw, base, prob, arch, texts, file)
+        if kind == "operation":
+            return _op(raw, base, prob, texts, file)
+        if kind == "inter_tile_binding":
+            return _bind(raw, base, file)
+        if kind == "collectiveoperation":
+            return _collective(raw, base, prob, arch, file)
+        raise CometInputError(file, path, f"unknown node_type {raw['node_type']!r}")
+
+    def visit(raw: Any, path: str) -> _Node:
+        try:
+            out = node(raw, path)
+        except Exception as e:  # raised by build, in the walk's order
+            out = _Broken(counter[0], path, error=e)
+        broken[0] = broken[0] or out.error is not None
+        sub = raw.get("subtree") if isinstance(raw, dict) else None
+        if sub is not None:
+            for i, s in enumerate(sub if isinstance(sub, list) else [sub]):
+                if broken[0]:
+                    break
+                out.children.append(visit(s, f"{path}.subtree[{i}]"))
+        return out
+
+    return MappingTemplate(visit(m, "mapping"), texts, prob, file)
+
+
+def read_mapping(
+    doc: dict[str, Any], prob: Chain, arch: Hierarchy, const: dict[str, Any], file: str
+) -> TreeNode:
+    """The mapping tree, numbered in pre-order as COMET numbers it."""
+    return compile_mapping(doc, prob, arch, file).build(const)
 
 
 # --- the four files ---------------------------------------------------------------------------

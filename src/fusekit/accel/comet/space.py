@@ -42,9 +42,16 @@ from typing import Any
 import yaml
 
 from fusekit.accel.comet import templates
-from fusekit.accel.comet.files import load_document, read_arch, read_mapping, read_problem
+from fusekit.accel.comet.files import (
+    MappingTemplate,
+    compile_mapping,
+    instance_keys,
+    load_document,
+    read_arch,
+    read_problem,
+)
 from fusekit.accel.compat import Compat
-from fusekit.accel.tree import Hierarchy, TreeMapping, tree_to_dict
+from fusekit.accel.tree import Chain, Hierarchy, TreeMapping, release, tree_to_dict
 from fusekit.accel.tree_model.compute import ideal_op_cycles
 from fusekit.accel.tree_model.fit import fit_check
 from fusekit.accel.tree_model.records import FitError
@@ -184,10 +191,17 @@ class Space:
         self._bounds: dict[tuple[Any, ...], int] = {}
         self._op_names: list[str] | None = None
         self._memo: dict[tuple[Any, ...], dict[tuple[Any, ...], Any]] = {}
+        self._template: MappingTemplate | None = None
+        self._chains: dict[tuple[Any, ...], Chain] = {}
+        self._size_keys = instance_keys(self.problem_doc)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled for worker processes without the leaf memo (each worker grows its own)."""
-        return {**self.__dict__, "_memo": {}}
+        """Pickled for worker processes without the leaf memo, compiled mapping and problems.
+
+        Each worker grows its own; the template holds the compile step's failed checks, which
+        need not pickle.
+        """
+        return {**self.__dict__, "_memo": {}, "_template": None, "_chains": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -204,14 +218,35 @@ class Space:
         sp.arch = read_arch(arch_doc, "arch")
         sp.mapping_file = f"<{op} template>/mapping.yaml"
         sp._bounds, sp._op_names, sp._memo = {}, None, {}
+        sp._template, sp._chains = None, {}
+        sp._size_keys = instance_keys(sp.problem_doc)
         return sp
 
     def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
-        """The tree of one tiling."""
+        """The tree of one tiling.
+
+        The same tree as reading the files with the tiling's constants: the mapping document is
+        compiled once (:func:`compile_mapping`) and each tiling builds fresh nodes from it; the
+        problem is read once per values of the constants its sizes name.
+        """
         const = constants(tiling, dims)
-        prob = read_problem(self.problem_doc, const, "problem.yaml")
-        root = read_mapping(self.mapping_doc, prob, self.arch, const, "mapping.yaml")
+        prob = self._problem(const)
+        if self._template is None:
+            self._template = compile_mapping(self.mapping_doc, prob, self.arch, "mapping.yaml")
+        root = self._template.build(const)
         return TreeMapping(self.arch, prob, root, const, self.mapping_file)
+
+    def _problem(self, const: dict[str, Any]) -> Chain:
+        """The problem read with ``const``, kept per values of the constants its sizes read."""
+        key = tuple((k in const, type(v := const.get(k)), v) for k in self._size_keys)
+        try:
+            hit = self._chains.get(key)
+        except TypeError:  # an unhashable constant: read it each time
+            return read_problem(self.problem_doc, const, "problem.yaml")
+        if hit is None:
+            hit = read_problem(self.problem_doc, const, "problem.yaml")
+            self._chains[key] = hit
+        return hit
 
     def tilings(self, dims: dict[str, int], fixed: dict[str, dict[int, int]]) -> list[Tiling]:
         """Every tiling of ``dims`` under the constraints ``fixed``."""
@@ -259,15 +294,18 @@ class Space:
         ``memo``: reuse the leaves other tilings of the same dims and ``compat`` already gave
         (``analyse``'s ``memo``; the same numbers, tested); ``False`` evaluates every node.
         ``fold``: fold leaves whose costs repeat (``analyse``'s ``fold``; the same numbers).
+        The tiling's tree is released after (:func:`fusekit.accel.tree.release`).
         """
         cache = self._memo.setdefault((tuple(sorted(dims.items())), compat), {}) if memo else None
         if cache is not None and len(cache) > 200_000:
             cache.clear()  # bound the memory of very long sweeps
+        inp = self.inputs(tiling, dims)
         try:
-            out = analyse(self.inputs(tiling, dims), compat=compat, memo=cache, fold=fold,
-                          detail=False)  # fmt: skip
+            out = analyse(inp, compat=compat, memo=cache, fold=fold, detail=False)
         except FitError:
             return Scored(tiling, None, None)
+        finally:
+            release(inp.mapping)
         return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))
 
     def search(
