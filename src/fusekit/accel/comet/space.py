@@ -37,8 +37,9 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import yaml
 
 from fusekit.accel.comet import templates
@@ -56,6 +57,14 @@ from fusekit.accel.tree_model.compute import ideal_op_cycles
 from fusekit.accel.tree_model.fit import fit_check
 from fusekit.accel.tree_model.records import FitError
 from fusekit.accel.tree_model.stages import analyse
+
+if TYPE_CHECKING:
+    from fusekit.accel.tree_model import compiled as cc
+
+#: A search of at least this many tilings scores them by the compiled evaluator by default; a
+#: smaller one by the reference, which costs less than a first compile of the evaluator (about
+#: a minute, once per install: numba keeps it on disk).
+COMPILED_MIN_TILINGS = 2000
 
 LEVELS = ("DRAM_temporal", "DRAM_spatial_X", "DRAM_spatial_Y", "GB_temporal", "GB_spatial_X",
           "GB_spatial_Y", "Core_temporal", "Compute")  # fmt: skip
@@ -194,6 +203,7 @@ class Space:
         self._template: MappingTemplate | None = None
         self._chains: dict[tuple[Any, ...], Chain] = {}
         self._size_keys = instance_keys(self.problem_doc)
+        self._compiled: dict[tuple[Any, ...], tuple[cc.CompiledTemplate | None, int]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for worker processes without the leaf memo, compiled mapping and problems.
@@ -201,7 +211,7 @@ class Space:
         Each worker grows its own; the template holds the compile step's failed checks, which
         need not pickle.
         """
-        return {**self.__dict__, "_memo": {}, "_template": None, "_chains": {}}
+        return {**self.__dict__, "_memo": {}, "_template": None, "_chains": {}, "_compiled": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -220,6 +230,7 @@ class Space:
         sp._bounds, sp._op_names, sp._memo = {}, None, {}
         sp._template, sp._chains = None, {}
         sp._size_keys = instance_keys(sp.problem_doc)
+        sp._compiled = {}
         return sp
 
     def inputs(self, tiling: Tiling, dims: dict[str, int]) -> TreeMapping:
@@ -236,9 +247,13 @@ class Space:
         root = self._template.build(const)
         return TreeMapping(self.arch, prob, root, const, self.mapping_file)
 
+    def _problem_key(self, const: dict[str, Any]) -> tuple[Any, ...]:
+        """The values of the constants the problem's sizes read (its cache key)."""
+        return tuple((k in const, type(v := const.get(k)), v) for k in self._size_keys)
+
     def _problem(self, const: dict[str, Any]) -> Chain:
         """The problem read with ``const``, kept per values of the constants its sizes read."""
-        key = tuple((k in const, type(v := const.get(k)), v) for k in self._size_keys)
+        key = self._problem_key(const)
         try:
             hit = self._chains.get(key)
         except TypeError:  # an unhashable constant: read it each time
@@ -288,14 +303,20 @@ class Space:
         compat: Compat,
         memo: bool = True,
         fold: bool = True,
+        compiled: bool = False,
     ) -> Scored:
         """Fit check, then cycles and energy.
 
+        ``compiled``: by the compiled evaluator (:meth:`score_many`, the same numbers, tested),
+        unless ``memo`` or ``fold`` is ``False``; ``False`` (the default): by the reference
+        (:func:`~fusekit.accel.tree_model.stages.analyse`).
         ``memo``: reuse the leaves other tilings of the same dims and ``compat`` already gave
         (``analyse``'s ``memo``; the same numbers, tested); ``False`` evaluates every node.
         ``fold``: fold leaves whose costs repeat (``analyse``'s ``fold``; the same numbers).
         The tiling's tree is released after (:func:`fusekit.accel.tree.release`).
         """
+        if compiled and memo and fold:
+            return self.score_many([tiling], dims, compat)[0]
         cache = self._memo.setdefault((tuple(sorted(dims.items())), compat), {}) if memo else None
         if cache is not None and len(cache) > 200_000:
             cache.clear()  # bound the memory of very long sweeps
@@ -308,6 +329,67 @@ class Space:
             release(inp.mapping)
         return Scored(tiling, int(out["total_cycles"]), float(out["total_energy_pj"]))
 
+    def score_many(
+        self, tilings: list[Tiling], dims: dict[str, int], compat: Compat
+    ) -> list[Scored]:
+        """:meth:`score` of each tiling, by the compiled evaluator where it can.
+
+        The tilings of one problem share a :class:`~fusekit.accel.tree_model.compiled.
+        CompiledTemplate` (built on first use from a tiling the reference evaluates); a tiling
+        it cannot give (an error other than the fit check's, a shape-changing constant, a
+        template it cannot compile) is scored by the reference, which raises as ever.
+        """
+        from fusekit.accel.tree_model import compiled as cc
+
+        out: list[Scored | None] = [None] * len(tilings)
+        consts = [constants(t, dims) for t in tilings]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, c in enumerate(consts):
+            groups.setdefault(self._problem_key(c), []).append(i)
+        for pkey, idx in groups.items():
+            tpl = self._compiled_template(pkey, [tilings[i] for i in idx], dims, compat)
+            if tpl is None:
+                continue
+            rows, kept = [], []
+            for i in idx:
+                v = tpl.values(consts[i])
+                if v is not None:
+                    rows.append(v)
+                    kept.append(i)
+            if not rows:
+                continue
+            status, cycles, energy = tpl.score(np.stack(rows))
+            for j, i in enumerate(kept):
+                if status[j] == cc.OK:
+                    out[i] = Scored(tilings[i], int(cycles[j]), float(energy[j]))
+                elif status[j] == cc.NO_FIT:
+                    out[i] = Scored(tilings[i], None, None)
+        return [
+            sc if sc is not None else self.score(t, dims, compat, compiled=False)
+            for t, sc in zip(tilings, out, strict=True)
+        ]
+
+    def _compiled_template(
+        self, pkey: tuple[Any, ...], tilings: list[Tiling], dims: dict[str, int], compat: Compat
+    ) -> cc.CompiledTemplate | None:
+        """The compiled template of one problem, dims and ``compat``; ``None``: not (yet) one.
+
+        Built from the first of ``tilings`` the reference evaluates; after 32 tilings that
+        gave none, the template is left to the reference.
+        """
+        from fusekit.accel.tree_model import compiled as cc
+
+        key = (tuple(sorted(dims.items())), compat, pkey)
+        tpl, tried = self._compiled.get(key, (None, 0))
+        if tpl is not None or tried >= 32:
+            return tpl
+        tries = min(8, 32 - tried)
+        tpl = cc.compile_template(
+            tilings, lambda t: self.inputs(t, dims), lambda: self._template, compat, tries
+        )
+        self._compiled[key] = (tpl, tried + min(tries, len(tilings)))
+        return tpl
+
     def search(
         self,
         dims: dict[str, int],
@@ -317,6 +399,7 @@ class Space:
         compat: Compat | None = None,
         workers: int = 1,
         prune: bool = True,
+        compiled: bool | None = None,
     ) -> SpaceResult:
         """Score the tilings in bound order; stop where the bound passes the best cycles.
 
@@ -333,6 +416,8 @@ class Space:
             compat: COMET's defects to reproduce (all by default).
             workers: processes scoring tilings.
             prune: stop at the lower bound (``False`` scores every tiling).
+            compiled: score by the compiled evaluator (:meth:`score_many`) or the reference;
+                ``None``: compiled for a space of at least ``COMPILED_MIN_TILINGS`` tilings.
 
         Raises:
             ValueError: no tiling passes the fit check.
@@ -340,6 +425,7 @@ class Space:
         compat = compat or Compat()
         fixed = fixed if fixed is not None else arch_constraints(self.arch)
         tilings = self.tilings(dims, fixed)
+        use_compiled = len(tilings) >= COMPILED_MIN_TILINGS if compiled is None else compiled
         bounds = [self.lower_bound(t, dims, compat) for t in tilings]
         order = sorted(range(len(tilings)), key=lambda i: bounds[i])
         exact: dict[int, Scored] = {}
@@ -350,7 +436,14 @@ class Space:
 
         def run(idx: list[int]) -> None:
             args = [(tilings[i], dims, compat) for i in idx if i not in exact]
-            got = pool.starmap(self.score, args) if pool else [self.score(*a) for a in args]
+            if use_compiled:
+                ts, w = [a[0] for a in args], max(1, workers)  # tiling j: chunk j % w
+                chunks = [(ts[k::w], dims, compat) for k in range(w)]
+                parts = (pool.starmap(self.score_many, chunks) if pool
+                         else [self.score_many(*chunks[0])])  # fmt: skip
+                got = [parts[j % w][j // w] for j in range(len(ts))]
+            else:
+                got = pool.starmap(self.score, args) if pool else [self.score(*a) for a in args]
             for i, sc in zip([i for i in idx if i not in exact], got, strict=True):
                 exact[i] = sc
 

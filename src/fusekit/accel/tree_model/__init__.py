@@ -31,6 +31,12 @@ The arithmetic follows COMET's, defects included where the compatibility switch 
 (:class:`fusekit.accel.compat.Compat`, each defect named in ``DEVIATIONS``; the COMET front end
 turns them on, the native model has them off).
 
+A compiled twin (numba, over flat arrays) scores the tilings of a template in a search:
+:mod:`.compiled_tree` (stages 1-3 over a template flattened once; a tiling is a vector of
+values), :mod:`.compiled_leaf` and :mod:`.compiled_upper` (stage 4), :mod:`.compiled_energy`
+(stages 5-6), :mod:`.compiled` (them together). Each is tested bit-identical to the stages
+above, which stay the reference.
+
 Importing this package imports none of its modules (nor numpy); the names below load on use.
 """
 
