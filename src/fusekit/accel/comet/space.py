@@ -374,8 +374,9 @@ class Space:
     ) -> cc.CompiledTemplate | None:
         """The compiled template of one problem, dims and ``compat``; ``None``: not (yet) one.
 
-        Built from the first of ``tilings`` the reference evaluates; after 32 tilings that
-        gave none, the template is left to the reference.
+        Built from the first of ``tilings`` that passes the fit check and that the reference
+        evaluates (a search in bound order may meet many rejected tilings first); after 32
+        fitting tilings that gave none, the template is left to the reference.
         """
         from fusekit.accel.tree_model import compiled as cc
 
@@ -383,11 +384,12 @@ class Space:
         tpl, tried = self._compiled.get(key, (None, 0))
         if tpl is not None or tried >= 32:
             return tpl
-        tries = min(8, 32 - tried)
+        fitting = list(itertools.islice((t for t in tilings if self.fits(t, dims, compat)),
+                                        min(8, 32 - tried)))  # fmt: skip
         tpl = cc.compile_template(
-            tilings, lambda t: self.inputs(t, dims), lambda: self._template, compat, tries
+            fitting, lambda t: self.inputs(t, dims), lambda: self._template, compat, len(fitting)
         )
-        self._compiled[key] = (tpl, tried + min(tries, len(tilings)))
+        self._compiled[key] = (tpl, tried + len(fitting))
         return tpl
 
     def search(
