@@ -705,14 +705,35 @@ def template_values(flat: FlatTree, const: dict[str, Any]) -> Ints:
     if tpl is None:
         raise ValueError("compiled tree: flattened without a template (use tree_values)")
     for kind, text, want in flat.shape_consts:
-        if _shape_text(kind, text, const) != want:
+        got = _shape_text(kind, text, const) if text in const else text
+        if got != want:
             raise ValueError(f"compiled tree: constant {text!r} changes the tree's shape")
+    vals = _plain_values(tpl.texts.texts, const)
+    if vals is not None:
+        return np.array(vals, dtype=np.int64)
     try:
         vals = _resolve(tpl.texts, const, tpl.file)
     except CometInputError:
         tpl.build(const)  # the error a walk of the document meets first
         raise
     return np.array(vals, dtype=np.int64)
+
+
+def _plain_values(texts: list[str], const: dict[str, Any]) -> list[int] | None:
+    """The texts' values where each is a positive int constant or digits naming no constant.
+
+    What :func:`~fusekit.accel.comet.files._resolve` gives for such texts, without its checks;
+    ``None`` where a text is anything else (the caller resolves them all, raising as it does).
+    """
+    out = []
+    for key in texts:
+        v = const.get(key)
+        if v is None and key not in const and key.isascii() and key.isdigit():
+            v = int(key)
+        if type(v) is not int or v < 1:
+            return None
+        out.append(v)
+    return out
 
 
 def tree_values(flat: FlatTree, root: TreeNode) -> Ints:
