@@ -165,12 +165,13 @@ def _energy_inputs(en, slots3, cyc, glv, acc4, acc4_pj, col4_pj):  # type: ignor
 
 
 @numba.njit(cache=True)
-def score_one(tree, arch, shape, up, en, energy, vals):  # type: ignore[no-untyped-def]
+def score_one(tree, arch, shape, up, en, energy, vals, memo):  # type: ignore[no-untyped-def]
     """Stages 1-6 of one tiling's values: ``(status, total_cycles, total_energy_pj)``.
 
     ``tree``: :mod:`.compiled_tree`'s ``(tabs, seqs, meta)``; ``arch``: the
     :class:`.compiled_leaf.FlatArch` arrays stage 4 reads; ``shape``: stage 4's tree shape;
-    ``up``, ``en``: the maps (module docstring); ``energy``: the energy arch and statics.
+    ``up``, ``en``: the maps (module docstring); ``energy``: the energy arch and statics;
+    ``memo``: stage 4's leaf memo (:func:`.compiled_upper.new_leaf_memo`) for ``arch``.
     """
     tabs, seqs, meta = tree
     head, _req, slots3, _desc, col_ext = ct.tree_kernel(tabs, seqs, meta, vals)
@@ -181,7 +182,7 @@ def score_one(tree, arch, shape, up, en, energy, vals):  # type: ignore[no-untyp
     nodes, sgkey, refs, uses, ents, strips, colf, n_keys, n_acc = shape
     h4, cyc, glv, acc4, acc4_pj, _kt, col4_pj = cu.tree_kernel(
         lv, simd, net_of, net, net_pj, generalise, port_overwrite, True, nodes, slots, sgkey,
-        ops, refs, uses, ents, strips, col, colf, n_keys, n_acc,
+        ops, refs, uses, ents, strips, col, colf, n_keys, n_acc, memo,
     )  # fmt: skip
     if h4[cu.TH_ERROR]:
         return FALLBACK, 0, 0.0
@@ -201,13 +202,21 @@ def score_one(tree, arch, shape, up, en, energy, vals):  # type: ignore[no-untyp
 
 @numba.njit(cache=True)
 def score_batch(tree, arch, shape, up, en, energy, vals):  # type: ignore[no-untyped-def]
-    """:func:`score_one` of each row of ``vals``: statuses, total cycles, total energies."""
+    """:func:`score_one` of each row of ``vals``: statuses, total cycles, total energies.
+
+    The rows share one leaf memo (:func:`.compiled_upper.leaf_node`): a leaf tile whose
+    per-tiling inputs (its slot rows and op vector; the arch is the batch's) equal an earlier
+    row's reuses its stage 4 results, compared exactly, so the numbers are those without it.
+    """
     n = vals.shape[0]
+    memo = cu.new_leaf_memo()
     status = np.zeros(n, dtype=np.int64)
     cycles = np.zeros(n, dtype=np.int64)
     energy_pj = np.zeros(n, dtype=np.float64)
     for i in range(n):
-        status[i], cycles[i], energy_pj[i] = score_one(tree, arch, shape, up, en, energy, vals[i])
+        status[i], cycles[i], energy_pj[i] = score_one(
+            tree, arch, shape, up, en, energy, vals[i], memo
+        )
     return status, cycles, energy_pj
 
 
@@ -221,7 +230,7 @@ def gather_one(tree, arch, shape, up, en, vals):  # type: ignore[no-untyped-def]
     nodes, sgkey, refs, uses, ents, strips, colf, n_keys, n_acc = shape
     _h4, cyc, glv, acc4, acc4_pj, _kt, col4_pj = cu.tree_kernel(
         lv, simd, net_of, net, net_pj, generalise, port_overwrite, True, nodes, slots, sgkey,
-        ops, refs, uses, ents, strips, col, colf, n_keys, n_acc,
+        ops, refs, uses, ents, strips, col, colf, n_keys, n_acc, cu.new_leaf_memo(),
     )  # fmt: skip
     e = _energy_inputs(en, slots3, cyc, glv, acc4, acc4_pj, col4_pj)
     return slots, ops, col, e[0], e[1], e[2], e[3], e[4], e[5]

@@ -69,7 +69,9 @@ all-reduce and all-gather in two parts, a reduction's ``s q n / 16`` cycles on t
 its energies the blocks read and written and ORION's router energy.
 
 What is not here: the merged costs' per-iteration vectors (no parent reads them; the merged
-windows are not computed at all) and the reference's ``memo``. The
+windows are not computed at all). The reference's leaf ``memo`` has a twin, :func:`new_leaf_memo`
+(shared by a batch's tilings): a leaf whose slot rows and op equal a kept leaf's, compared in
+full behind a 64-bit hash, reuses its results (:func:`leaf_node`). The
 :class:`~fusekit.accel.compat.Compat` switches read: ``simd_constants``, ``mesh_table`` and
 ``port_overwrite`` (through :class:`.compiled_leaf.FlatArch`) and ``binding_misread`` (the
 shape: whether a spatial node's binding is sequential); the others act in stages 1, 5 and 6.
@@ -1077,15 +1079,96 @@ def temporal_node(nodes, slots, refs, uses, col, x, cyc, glv):  # type: ignore[n
     cyc[x] = total & _WRAP
 
 
+#: The most leaf results one :func:`new_leaf_memo` keeps (later distinct leaves are evaluated
+#: and not kept): bounds its memory (an entry is a few KiB) on large batches.
+LEAF_MEMO_MAX = 1 << 15
+_I1 = numba.types.int64[:]
+_I2 = numba.types.int64[:, :]
+_I3 = numba.types.int64[:, :, :]
+_F2 = numba.types.float64[:, :]
+
+
+@numba.njit(cache=True)
+def new_leaf_memo():  # type: ignore[no-untyped-def]
+    """An empty leaf memo for :func:`tree_kernel`: ``(index, keys, heads, accs, pjs, lvls, tabs)``.
+
+    ``index`` maps a key's 64-bit hash (:func:`_leaf_key`) to its entry; entry ``i`` holds the
+    key itself (``keys[i]``, for the exact check) and :func:`.compiled_leaf.leaf_kernel`'s
+    ``head``, ``acc``, ``acc_pj``, ``lvl`` and ``tab`` for it. One memo serves one
+    ``(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold)``: the arch arrays and
+    switches the key leaves out (:func:`.compiled.score_batch` makes one per batch).
+    """
+    index = numba.typed.Dict.empty(key_type=numba.types.uint64, value_type=numba.types.int64)
+    keys = numba.typed.List.empty_list(_I1)
+    heads = numba.typed.List.empty_list(_I1)
+    accs = numba.typed.List.empty_list(_I2)
+    pjs = numba.typed.List.empty_list(_F2)
+    lvls = numba.typed.List.empty_list(_I3)
+    tabs = numba.typed.List.empty_list(_I2)
+    return index, keys, heads, accs, pjs, lvls, tabs
+
+
+@numba.njit(cache=True)
+def _leaf_key(x, leaf_slots, op):  # type: ignore[no-untyped-def]
+    """A leaf's memo key and its 64-bit hash (FNV-1a over the key's int64 words).
+
+    The key is the node row ``x``, then every column of the leaf's slot rows, then its op
+    vector: all that :func:`.compiled_leaf.leaf_kernel` reads beyond the arch arrays and
+    switches (fixed for a memo), so equal keys give equal results.
+    """
+    n = leaf_slots.shape[0] * leaf_slots.shape[1]
+    key = np.empty(1 + n + op.shape[0], dtype=np.int64)
+    key[0] = x
+    key[1 : 1 + n] = leaf_slots.reshape(-1)
+    key[1 + n :] = op
+    h = np.uint64(14695981039346656037)
+    prime = np.uint64(1099511628211)
+    for v in key:
+        h = (h ^ np.uint64(v)) * prime
+    return key, h
+
+
+@numba.njit(cache=True)
+def _same(a, b):  # type: ignore[no-untyped-def]
+    """Whether two keys are equal (the exact check behind a hash hit)."""
+    if a.shape[0] != b.shape[0]:
+        return False
+    for i in range(a.shape[0]):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
 @numba.njit(cache=True)
 def leaf_node(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,  # type: ignore[no-untyped-def]
-              sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head):  # fmt: skip
-    """A leaf (:func:`.compiled_leaf.leaf_kernel`) into the tree's tables; an error code."""
+              sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo):  # fmt: skip
+    """A leaf (:func:`.compiled_leaf.leaf_kernel`) into the tree's tables; an error code.
+
+    ``memo`` (:func:`new_leaf_memo`): a leaf whose key (:func:`_leaf_key`: its row, slot rows
+    and op) equals a kept one's reuses that one's kernel results instead of running the kernel;
+    the hash only finds the candidate, the keys are compared in full, so a collision just runs
+    the kernel (and keeps the first entry). Results of a leaf that errs are not kept.
+    """
     nd = nodes[x]
     a, b = nd[N_SLOT0], nd[N_SLOT0] + nd[N_NSLOT]
     op = ops[nd[N_OP0] : nd[N_OP0] + nd[N_NOP]]
-    lh, la, lp, _so, _sp, lvl, tab = leaf_kernel(lv, simd, net_of, net, net_pj, slots[a:b], op,
-                                                 generalise, port_overwrite, fold)  # fmt: skip
+    index, keys, heads, accs, pjs, lvls, tabs = memo
+    key, h = _leaf_key(x, slots[a:b], op)
+    e = index[h] if h in index else -1
+    if e >= 0 and _same(keys[e], key):
+        lh, la, lp, lvl, tab = heads[e], accs[e], pjs[e], lvls[e], tabs[e]
+    else:
+        lh, la, lp, _so, _sp, lvl, tab = leaf_kernel(
+            lv, simd, net_of, net, net_pj, slots[a:b], op, generalise, port_overwrite, fold
+        )
+        if not lh[H_ERROR] and e < 0 and len(keys) < LEAF_MEMO_MAX:
+            index[h] = len(keys)
+            keys.append(key)
+            heads.append(lh)
+            accs.append(la)
+            pjs.append(lp)
+            lvls.append(lvl)
+            tabs.append(tab)
     if lh[H_ERROR]:
         head[TH_SLOT], head[TH_A], head[TH_B] = lh[H_ERROR_SLOT], lh[H_ERROR_A], lh[H_ERROR_B]
         return lh[H_ERROR]
@@ -1257,8 +1340,11 @@ def collective_node(net, net_pj, generalise, nodes, col, colf, x, cyc, glv, col_
 
 @numba.njit(cache=True)
 def tree_kernel(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,  # type: ignore[no-untyped-def]
-                sgkey, ops, refs, uses, ents, strips, col, colf, n_keys, n_acc):  # fmt: skip
+                sgkey, ops, refs, uses, ents, strips, col, colf, n_keys, n_acc, memo):  # fmt: skip
     """Stage 4 of a whole tree from its arrays (module docstring), rows in post-order.
+
+    ``memo``: the leaf memo (:func:`new_leaf_memo`, :func:`leaf_node`), shared by the tilings
+    of one batch: the same numbers, fewer leaf kernels.
 
     Returns ``(head, cyc, glv, acc, acc_pj, kt, col_pj)``; ``head[TH_ERROR]`` non-zero: the
     reference raises at node row ``head[TH_NODE]`` (:func:`raise_tree_error`), the rest is
@@ -1283,7 +1369,7 @@ def tree_kernel(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold,
         elif kind == NK_LEAF:
             err = leaf_node(
                 lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,
-                sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head,
+                sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo,
             )  # fmt: skip
         elif kind == NK_SPATIAL:
             err = spatial_node(lv, net_of, net, net_pj, generalise, port_overwrite, nodes, slots,
@@ -1333,7 +1419,7 @@ def run_tree(ft: FlatTree, fold: bool = True) -> TreeArrays:
     out = TreeArrays(*tree_kernel(flat.lv, flat.simd, flat.net_of, flat.net, flat.net_pj,
                                   flat.generalise, flat.port_overwrite, fold, ft.nodes, ft.slots,
                                   sh.sgkey, ft.ops, sh.refs, sh.uses, sh.ents, sh.strips, ft.col,
-                                  sh.colf, len(sh.keys), sh.n_acc))  # fmt: skip
+                                  sh.colf, len(sh.keys), sh.n_acc, new_leaf_memo()))  # fmt: skip
     if out.head[TH_ERROR]:
         raise_tree_error(out.head, ft)
     return out
