@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import random
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +16,8 @@ from fusekit.accel.tree_model import compiled as cc
 from fusekit.hw import load
 from fusekit.hw.cpu_gpu import plain
 
-ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
-CASES = ORACLE / "cases"
-needs_oracle = pytest.mark.skipif(
-    not CASES.is_dir(), reason="COMET oracle (../shared/oracles/comet) absent"
-)
+from .helpers_compiled import COMPATS, OPS, SHAPES, builtin_space, case_space, needs_oracle
+
 #: Small spaces, every tiling compared.
 ALL = (
     "im_edge_gemm_softmax_fused_M1_N1024_K128_ok0",
@@ -37,19 +32,7 @@ SPACES = (
     "au_edge_gemm_layernorm_fused_M256_N256_K128_ok0",
     "q_cloud_gemm_softmax_fused_M256_N256_K512_gbspatial4x2",
 )
-OPS = ("gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax", "layernorm")
-SHAPES = {"edge": (256, 256, 128), "cloud": (256, 256, 512)}
-COMPATS = {"comet": Compat(), "native": Compat.native()}
 TILINGS = 50
-
-
-def _case_space(case: str) -> tuple[Space, dict[str, int]]:
-    return Space(CASES / case), {d: int(v) for d, v in re.findall(r"_([MNK])(\d+)", case)}
-
-
-def _builtin_space(op: str, hw: str) -> tuple[Space, dict[str, int]]:
-    sp = Space.builtin(op, plain(load(hw).comet_arch))  # type: ignore[attr-defined]
-    return sp, dict(zip("MNK", SHAPES[hw], strict=True))
 
 
 def _plain(sc: Scored) -> tuple[Any, ...]:
@@ -84,7 +67,7 @@ def _random(sp: Space, dims: dict[str, int], n: int = TILINGS, seed: int = 0) ->
 @pytest.mark.parametrize("compat", COMPATS)
 @pytest.mark.parametrize("case", ALL)
 def test_every_tiling_of_small_spaces(case: str, compat: str) -> None:
-    sp, dims = _case_space(case)
+    sp, dims = case_space(case)
     tilings = sp.tilings(dims, arch_constraints(sp.arch))
     assert _compare(sp, dims, COMPATS[compat], tilings) == len(tilings)
 
@@ -93,7 +76,7 @@ def test_every_tiling_of_small_spaces(case: str, compat: str) -> None:
 @pytest.mark.parametrize("compat", COMPATS)
 @pytest.mark.parametrize("case", SPACES)
 def test_random_tilings_of_comet_spaces(case: str, compat: str) -> None:
-    sp, dims = _case_space(case)
+    sp, dims = case_space(case)
     assert _compare(sp, dims, COMPATS[compat], _random(sp, dims)) == TILINGS
 
 
@@ -101,12 +84,12 @@ def test_random_tilings_of_comet_spaces(case: str, compat: str) -> None:
 @pytest.mark.parametrize("hw", SHAPES)
 @pytest.mark.parametrize("op", OPS)
 def test_random_tilings_of_builtin_spaces(op: str, hw: str, compat: str) -> None:
-    sp, dims = _builtin_space(op, hw)
+    sp, dims = builtin_space(op, hw)
     assert _compare(sp, dims, COMPATS[compat], _random(sp, dims, 25)) == 25
 
 
 def test_score_and_search_use_the_compiled_path() -> None:
-    sp, dims = _builtin_space("gemm_softmax", "edge")
+    sp, dims = builtin_space("gemm_softmax", "edge")
     compat = Compat()
     t = _random(sp, dims, 1)[0]
     assert _plain(sp.score(t, dims, compat, compiled=True)) == _plain(sp.score(t, dims, compat))
@@ -121,7 +104,7 @@ def test_score_and_search_use_the_compiled_path() -> None:
 
 def test_search_compiles_large_spaces_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """By default the compiled evaluator scores a space of COMPILED_MIN_TILINGS or more."""
-    sp, dims = _builtin_space("gemm", "edge")
+    sp, dims = builtin_space("gemm", "edge")
     n = len(sp.tilings(dims, arch_constraints(sp.arch)))
     calls: list[int] = []
     real = sp.score_many
@@ -159,7 +142,7 @@ def test_errors_as_the_reference(where: tuple[int, str]) -> None:
 
 def test_a_raising_batch_reruns_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """A numba exception (a zero bandwidth's division) leaves only its own rows to the reference."""
-    sp, dims = _builtin_space("gemm", "edge")
+    sp, dims = builtin_space("gemm", "edge")
     compat = Compat()
     tilings = _random(sp, dims, 12)
     want = [_plain(s) for s in sp.score_many(tilings, dims, compat)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import random
-import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,26 +30,11 @@ from fusekit.accel.tree_model.report import report
 from fusekit.accel.tree_model.stages import analyse
 from fusekit.accel.tree_model.steady import SteadyState
 
-ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
-CASES = ORACLE / "cases"
-pytestmark = pytest.mark.skipif(
-    not CASES.is_dir(), reason="COMET oracle (../shared/oracles/comet) absent"
-)
-#: Spaces whose random tilings are compared (the dims are in the names).
-SPACES = (
-    "im_cloud_gemm_softmax_fused_M256_N256_K512_ok0",
-    "im_edge_gemm_softmax_fused_M256_N256_K128_ok0",
-    "au_cloud_gemm_only_M256_N256_K512_ok0",
-    "au_edge_softmax_only_M1_N1024_K128_ok0",
-    "au_cloud_layernorm_only_M256_N256_K512_ok0",
-    "au_edge_gemm_layernorm_fused_M256_N256_K128_ok0",
-)
-COMPATS = {"comet": Compat(), "native": Compat.native()}
+from .helpers_compiled import CASE_SPACES, CASES, COMPATS, case_dims, needs_oracle
+
+pytestmark = needs_oracle
+SPACES = CASE_SPACES[:-1]
 TILINGS = 30
-
-
-def _dims(case: str) -> dict[str, int]:
-    return {d: int(v) for d, v in re.findall(r"_([MNK])(\d+)", case)}
 
 
 @functools.cache
@@ -60,7 +44,7 @@ def _space(case: str) -> Space:
 
 def _tilings(case: str, n: int = TILINGS, seed: int = 0) -> list[TreeMapping]:
     sp = _space(case)
-    dims = _dims(case)
+    dims = case_dims(case)
     tilings = sp.tilings(dims, arch_constraints(sp.arch))
     random.Random(seed).shuffle(tilings)
     return [sp.inputs(t, dims) for t in tilings[: 3 * n]]

@@ -12,9 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,37 +27,20 @@ from fusekit.accel.tree_model import compiled_tree as ct
 from fusekit.accel.tree_model.fit import fit_check
 from fusekit.accel.tree_model.nests import build_movements, build_nests
 from fusekit.accel.tree_model.records import FitError, Moves
-from fusekit.hw import load
-from fusekit.hw.cpu_gpu import plain
 
-ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
-CASES = ORACLE / "cases"
-needs_oracle = pytest.mark.skipif(
-    not CASES.is_dir(), reason="COMET oracle (../shared/oracles/comet) absent"
+from .helpers_compiled import (
+    CASE_SPACES,
+    CASES,
+    COMPATS,
+    OPS,
+    SHAPES,
+    builtin_space,
+    case_space,
+    needs_oracle,
 )
-#: Spaces whose random tilings are compared (the dims are in the names).
-SPACES = (
-    "im_cloud_gemm_softmax_fused_M256_N256_K512_ok0",
-    "im_edge_gemm_softmax_fused_M256_N256_K128_ok0",
-    "au_cloud_gemm_only_M256_N256_K512_ok0",
-    "au_edge_softmax_only_M1_N1024_K128_ok0",
-    "au_cloud_layernorm_only_M256_N256_K512_ok0",
-    "au_edge_gemm_layernorm_fused_M256_N256_K128_ok0",
-    "q_cloud_gemm_softmax_fused_M256_N256_K512_gbspatial4x2",
-)
-OPS = ("gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax", "layernorm")
-SHAPES = {"edge": (256, 256, 128), "cloud": (256, 256, 512)}
-COMPATS = {"comet": Compat(), "native": Compat.native()}
+
+SPACES = CASE_SPACES
 TILINGS = 30
-
-
-def _case_space(case: str) -> tuple[Space, dict[str, int]]:
-    return Space(CASES / case), {d: int(v) for d, v in re.findall(r"_([MNK])(\d+)", case)}
-
-
-def _builtin_space(op: str, hw: str) -> tuple[Space, dict[str, int]]:
-    sp = Space.builtin(op, plain(load(hw).comet_arch))  # type: ignore[attr-defined]
-    return sp, dict(zip("MNK", SHAPES[hw], strict=True))
 
 
 def _moves(moves: Moves) -> dict[int, list[tuple[Any, ...]]]:
@@ -146,7 +127,7 @@ def _check_space(sp: Space, dims: dict[str, int], compat: Compat, seed: int = 0)
 @pytest.mark.parametrize("compat", COMPATS)
 @pytest.mark.parametrize("case", SPACES)
 def test_random_tilings_of_comet_spaces(case: str, compat: str) -> None:
-    tilings, accepted, _rejected, slots = _check_space(*_case_space(case), COMPATS[compat])
+    tilings, accepted, _rejected, slots = _check_space(*case_space(case), COMPATS[compat])
     assert tilings == TILINGS and accepted and slots
 
 
@@ -154,12 +135,12 @@ def test_random_tilings_of_comet_spaces(case: str, compat: str) -> None:
 @pytest.mark.parametrize("hw", SHAPES)
 @pytest.mark.parametrize("op", OPS)
 def test_random_tilings_of_builtin_spaces(op: str, hw: str, compat: str) -> None:
-    tilings, accepted, _rejected, slots = _check_space(*_builtin_space(op, hw), COMPATS[compat])
+    tilings, accepted, _rejected, slots = _check_space(*builtin_space(op, hw), COMPATS[compat])
     assert tilings == TILINGS and accepted and slots
 
 
 def test_rejected_tilings_name_the_levels() -> None:
-    sp, _ = _builtin_space("gemm_softmax", "cloud")
+    sp, _ = builtin_space("gemm_softmax", "cloud")
     counts = _check_space(sp, {"M": 1024, "N": 1024, "K": 512}, Compat.native(), seed=3)
     assert counts[2] > 0  # the fit check rejected some, each with its levels
 
@@ -202,7 +183,7 @@ def _zero_stride(inp: TreeMapping) -> None:
     "broken", [_no_binding, _not_produced, _spatial_under_spatial, _zero_stride]
 )
 def test_errors_as_the_reference(broken: Callable[[TreeMapping], None], compat: str) -> None:
-    sp, dims = _builtin_space("gemm_softmax", "edge")
+    sp, dims = builtin_space("gemm_softmax", "edge")
     tilings = sp.tilings(dims, arch_constraints(sp.arch))
     random.Random(1).shuffle(tilings)
     trees = []

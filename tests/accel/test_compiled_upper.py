@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
-import re
 from dataclasses import astuple, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,33 +29,17 @@ from fusekit.accel.tree_model.nests import build_movements, build_nests
 from fusekit.accel.tree_model.records import Cost, FitError, Move, MoveRow, Moves, Nests
 from fusekit.accel.tree_model.steady import SteadyState
 
-ORACLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "oracles" / "comet"
-CASES = ORACLE / "cases"
-pytestmark = pytest.mark.skipif(
-    not CASES.is_dir(), reason="COMET oracle (../shared/oracles/comet) absent"
-)
-#: Spaces whose random tilings are compared (the dims are in the names).
-SPACES = (
-    "im_cloud_gemm_softmax_fused_M256_N256_K512_ok0",
-    "im_edge_gemm_softmax_fused_M256_N256_K128_ok0",
-    "au_cloud_gemm_only_M256_N256_K512_ok0",
-    "au_edge_softmax_only_M1_N1024_K128_ok0",
-    "au_cloud_layernorm_only_M256_N256_K512_ok0",
-    "au_edge_gemm_layernorm_fused_M256_N256_K128_ok0",
-    "q_cloud_gemm_softmax_fused_M256_N256_K512_gbspatial4x2",
-)
-COMPATS = {"comet": Compat(), "native": Compat.native()}
+from .helpers_compiled import CASE_SPACES, CASES, COMPATS, case_dims, needs_oracle
+
+pytestmark = needs_oracle
+SPACES = CASE_SPACES
 TILINGS = 30
-
-
-def _dims(case: str) -> dict[str, int]:
-    return {d: int(v) for d, v in re.findall(r"_([MNK])(\d+)", case)}
 
 
 def _tilings(case: str, compat: Compat, n: int = TILINGS) -> list[TreeMapping]:
     """The first ``n`` tilings of a seeded shuffle that pass the fit check."""
     sp = Space(CASES / case)
-    dims = _dims(case)
+    dims = case_dims(case)
     tilings = sp.tilings(dims, arch_constraints(sp.arch))
     random.Random(0).shuffle(tilings)
     out = []

@@ -22,6 +22,7 @@ Every problem is raised as :class:`CometInputError`, one line naming the file an
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,8 +340,16 @@ def _again(error: Exception) -> Exception:
     return error.with_traceback(None)  # a document malformed past the checks: as a walk fails
 
 
+@dataclass(frozen=True, slots=True)
+class _Site:
+    """Where a node sits: its pre-order id and the path an error names."""
+
+    id: int
+    where: str
+
+
 @dataclass(slots=True)
-class _Node:
+class _Node(ABC):
     """A compiled mapping node: what its tree node holds that no constant changes."""
 
     id: int
@@ -349,9 +358,9 @@ class _Node:
     used: list[int] = field(default_factory=list)  # value ids read before ``error``
     error: Exception | None = None  # a failed check, raised after the values in ``used``
 
+    @abstractmethod
     def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
         """A fresh tree node (and subtree) for ``b``'s constants."""
-        raise NotImplementedError
 
     def subtree(self, b: _Build, node: TreeNode) -> TreeNode:
         """``node`` with its children built (after its own checks)."""
@@ -543,7 +552,7 @@ def _factors(
 
 
 def _tile(
-    raw: dict[str, Any], node: _Node, prob: Chain, arch: Hierarchy, texts: _Texts, file: str
+    raw: dict[str, Any], node: _Site, prob: Chain, arch: Hierarchy, texts: _Texts, file: str
 ) -> _Tile:
     where = node.where
 
@@ -577,7 +586,7 @@ def _tile(
     return tile
 
 
-def _op(raw: dict[str, Any], node: _Node, prob: Chain, texts: _Texts, file: str) -> _Op:
+def _op(raw: dict[str, Any], node: _Site, prob: Chain, texts: _Texts, file: str) -> _Op:
     where = node.where
     op = _Op(node.id, where, op_type=str(raw.get("type", "")).lower())
     if op.op_type not in OP_TYPES:
@@ -612,7 +621,7 @@ def _op(raw: dict[str, Any], node: _Node, prob: Chain, texts: _Texts, file: str)
     return op
 
 
-def _bind(raw: dict[str, Any], node: _Node, file: str) -> _Bind:
+def _bind(raw: dict[str, Any], node: _Site, file: str) -> _Bind:
     b = str(raw.get("binding", "")).lower()
     binding = next((v for k, v in _BINDINGS.items() if k in b), "")
     if not binding:
@@ -621,7 +630,7 @@ def _bind(raw: dict[str, Any], node: _Node, file: str) -> _Bind:
 
 
 def _collective(
-    raw: dict[str, Any], node: _Node, prob: Chain, arch: Hierarchy, file: str
+    raw: dict[str, Any], node: _Site, prob: Chain, arch: Hierarchy, file: str
 ) -> _Collective:
     where = node.where
     col_type = str(raw.get("type", ""))
@@ -666,7 +675,7 @@ def compile_mapping(
         if not isinstance(raw, dict) or "node_type" not in raw:
             raise CometInputError(file, path, "expected a node with a 'node_type'")
         kind = str(raw["node_type"]).lower()
-        base = _Node(counter[0], f"{path} ({kind} node {counter[0]})")
+        base = _Site(counter[0], f"{path} ({kind} node {counter[0]})")
         counter[0] += 1
         if kind in KEYS:
             _known(raw, kind, file, base.where)
