@@ -13,6 +13,7 @@ from fusekit.accel.comet import space as space_module
 from fusekit.accel.comet.space import Scored, Space, Tiling, arch_constraints, constants
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree_model import compiled as cc
+from fusekit.accel.tree_model import compiled_upper as cu
 from fusekit.hw import load
 from fusekit.hw.cpu_gpu import plain
 
@@ -155,3 +156,47 @@ def test_a_raising_batch_reruns_row_by_row(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(cc, "score_batch", flaky)
     assert [_plain(s) for s in sp.score_many(tilings, dims, compat)] == want
+
+
+def _template(sp: Space, dims: dict[str, int], compat: Compat) -> cc.CompiledTemplate:
+    key = next(k for k in sp._compiled if k[0] == tuple(sorted(dims.items())) and k[1] == compat)
+    tpl = sp._compiled[key][0]
+    assert tpl is not None
+    return tpl
+
+
+def test_values_many_gives_what_values_gives() -> None:
+    """The batch path agrees row by row; a constant that changes the shape is left out."""
+    sp, dims = builtin_space("gemm_softmax", "edge")
+    compat = Compat()
+    tilings = _random(sp, dims, 12)
+    sp.score_many(tilings[:4], dims, compat)
+    tpl = _template(sp, dims, compat)
+    consts = [constants(t, dims) for t in tilings]
+    consts[3] = {**consts[3], "red_dim": "N"}  # a reduction dim named by a constant
+    consts[5] = {**consts[5], "M_Compute": "two"}  # not a count: the reference's error
+    vals, kept = tpl.values_many(consts)
+    want = [(i, v) for i, c in enumerate(consts) if (v := tpl.values(c)) is not None]
+    assert sorted(kept) == [i for i, _ in want] and 3 not in kept and 5 not in kept
+    assert vals is not None
+    got = dict(zip(kept, vals.tolist(), strict=True))
+    assert all(got[i] == v.tolist() for i, v in want)
+
+
+def test_the_leaf_memo_is_kept_across_batches() -> None:
+    """Batches of one template share its leaf memo; the numbers are those of a fresh memo."""
+    sp, dims = builtin_space("gemm_softmax", "edge")
+    compat = Compat()
+    tilings = _random(sp, dims, 40, seed=3)
+    first = sp.score_many(tilings[:20], dims, compat)
+    tpl = _template(sp, dims, compat)
+    kept = len(tpl.memo[1])
+    assert kept > 0
+    later = [s for k in range(20, 40, 5) for s in sp.score_many(tilings[k : k + 5], dims, compat)]
+    assert len(tpl.memo[1]) >= kept
+    vals, _ = tpl.values_many([constants(t, dims) for t in tilings])
+    assert vals is not None
+    status, cycles, energy = cc.score_batch(*tpl.args, cu.new_leaf_memo(), vals)  # type: ignore[call-arg]
+    fresh = [Scored(t, int(c), float(e)) if s == cc.OK else Scored(t, None, None)
+             for t, s, c, e in zip(tilings, status, cycles, energy, strict=True)]  # fmt: skip
+    assert [_plain(s) for s in first + later] == [_plain(s) for s in fresh]

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import yaml
 
 from fusekit.accel.comet import templates
@@ -350,15 +349,11 @@ class Space:
             tpl = self._compiled_template(pkey, [tilings[i] for i in idx], dims, compat)
             if tpl is None:
                 continue
-            rows, kept = [], []
-            for i in idx:
-                v = tpl.values(consts[i])
-                if v is not None:
-                    rows.append(v)
-                    kept.append(i)
-            if not rows:
+            vals, at = tpl.values_many([consts[i] for i in idx])
+            if vals is None:
                 continue
-            status, cycles, energy = tpl.score(np.stack(rows))
+            kept = [idx[j] for j in at]
+            status, cycles, energy = tpl.score(vals)
             for j, i in enumerate(kept):
                 if status[j] == cc.OK:
                     out[i] = Scored(tilings[i], int(cycles[j]), float(energy[j]))

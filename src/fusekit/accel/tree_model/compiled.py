@@ -39,6 +39,13 @@ tiling the compiled path cannot give (an error in any stage but the fit check, a
 exception such as a zero bandwidth's division, a constant that changes the tree's shape) has
 status :data:`FALLBACK`: the caller evaluates it with the reference, which raises the
 reference's exception.
+
+How the kernels are written for speed (the numbers do not depend on it): numba counts the
+references of every array argument of a call (two atomic operations each) unless its pruning
+pass proves the counts balanced, which it does not where the callee allocates, calls a function
+that is not inlined, or returns from inside a loop. So the small helpers called per entry or
+per iteration are ``inline="always"``, a per-node function leaves its loop with ``break`` and
+an error code rather than ``return``, and rows are copied element by element, not by slices.
 """
 
 from __future__ import annotations
@@ -93,7 +100,8 @@ def _stage4_inputs(up, vals, slots3, col_ext):  # type: ignore[no-untyped-def]
     up_slot, ops_base, ops_pos, ops_ref, col_base, col_skip, col_x0, col_x = up
     slots = np.empty((up_slot.shape[0], SL_COLS), dtype=np.int64)
     for s in range(up_slot.shape[0]):
-        slots[s, :] = slots3[up_slot[s], :SL_COLS]
+        for c in range(SL_COLS):
+            slots[s, c] = slots3[up_slot[s], c]
     ops = ops_base.copy()
     for j in range(ops_pos.shape[0]):
         ops[ops_pos[j]] = vals[ops_ref[j]]
@@ -122,14 +130,16 @@ def _energy_inputs(en, slots3, cyc, glv, acc4, acc4_pj, col4_pj):  # type: ignor
             nodes[r, ce.ND_CYCLES] = cyc[e_up[r]]
     slots = np.empty((e_slot_tag.shape[0], SL_COLS), dtype=np.int64)
     for s in range(e_slot_tag.shape[0]):
-        slots[s, :] = slots3[s, :SL_COLS]
+        for c in range(SL_COLS):
+            slots[s, c] = slots3[s, c]
         slots[s, SL_TAG] = e_slot_tag[s]
     n_acc = e_acc.shape[0]
     acc = np.empty((n_acc, AC_COLS), dtype=np.int64)
     acc_pj = np.zeros((n_acc, AP_COLS), dtype=np.float64)
     for j in range(n_acc):
         src = e_acc[j]
-        acc[j, :] = acc4[src, :]
+        for c in range(AC_COLS):
+            acc[j, c] = acc4[src, c]
         acc[j, AC_TAG] = tagmap[e_acc_node[j], acc4[src, AC_TAG]]
         if e_acc_compute[j]:
             acc[j, AC_TILE] = 0
@@ -159,7 +169,8 @@ def _energy_inputs(en, slots3, cyc, glv, acc4, acc4_pj, col4_pj):  # type: ignor
                 continue
             for p in range(2):
                 q = 0 if e_grp_tile[k] else p
-                lvl[k, i, p, :] = glv[g, i, q, :LO_COLS]
+                for c in range(LO_COLS):
+                    lvl[k, i, p, c] = glv[g, i, q, c]
                 lvl[k, i, p, LO_PRESENT] = 1
     return nodes, slots, acc, acc_pj, col_pj, lvl
 
@@ -201,15 +212,15 @@ def score_one(tree, arch, shape, up, en, energy, vals, memo):  # type: ignore[no
 
 
 @numba.njit(cache=True)
-def score_batch(tree, arch, shape, up, en, energy, vals):  # type: ignore[no-untyped-def]
+def score_batch(tree, arch, shape, up, en, energy, memo, vals):  # type: ignore[no-untyped-def]
     """:func:`score_one` of each row of ``vals``: statuses, total cycles, total energies.
 
-    The rows share one leaf memo (:func:`.compiled_upper.leaf_node`): a leaf tile whose
-    per-tiling inputs (its slot rows and op vector; the arch is the batch's) equal an earlier
-    row's reuses its stage 4 results, compared exactly, so the numbers are those without it.
+    ``memo``: stage 4's leaf memo (:func:`.compiled_upper.new_leaf_memo`, one per template,
+    kept across batches): a leaf tile whose per-tiling inputs (its slot rows and op vector; the
+    arch is the template's) equal an earlier tiling's reuses its stage 4 results, compared
+    exactly, so the numbers are those without it.
     """
     n = vals.shape[0]
-    memo = cu.new_leaf_memo()
     status = np.zeros(n, dtype=np.int64)
     cycles = np.zeros(n, dtype=np.int64)
     energy_pj = np.zeros(n, dtype=np.float64)
@@ -249,7 +260,8 @@ class CompiledTemplate:
     """A template's flattened tree and maps (module docstring); :meth:`score` its tilings."""
 
     tree_flat: ct.FlatTree
-    args: tuple[Any, ...]
+    args: tuple[Any, ...]  # score_batch's, up to its leaf memo
+    memo: Any  # stage 4's leaf memo (:func:`.compiled_upper.new_leaf_memo`), for all batches
 
     @classmethod
     def build(
@@ -301,7 +313,7 @@ class CompiledTemplate:
         for g, w in zip(got, wants, strict=True):
             if g.shape != w.shape or not np.array_equal(g, w):
                 return None
-        return cls(flat, (tree, arch, shp, up, en, energy))
+        return cls(flat, (tree, arch, shp, up, en, energy), cu.new_leaf_memo())
 
     def values(self, const: dict[str, Any]) -> Ints | None:
         """A tiling's values from its constants; ``None`` where the reference must build it."""
@@ -310,6 +322,20 @@ class CompiledTemplate:
         except Exception:  # a shape-changing or missing constant: the reference's path
             return None
 
+    def values_many(self, consts: Sequence[dict[str, Any]]) -> tuple[Ints | None, list[int]]:
+        """:meth:`values` of each of ``consts``: one row per tiling it gives, and their indices.
+
+        Most take :func:`.compiled_tree.plain_rows`' fast path, the rest :meth:`values`; a
+        tiling neither gives (``None``) is left out.
+        """
+        rows, kept = ct.plain_rows(self.tree_flat, consts)
+        fast = set(kept)
+        for i, const in enumerate(consts):
+            if i not in fast and (v := self.values(const)) is not None:
+                rows.append(v.tolist())
+                kept.append(i)
+        return (np.array(rows, dtype=np.int64) if rows else None), kept
+
     def score(self, vals: Ints) -> tuple[Ints, Ints, Floats]:
         """Statuses (``OK``, ``NO_FIT``, ``FALLBACK``), total cycles and energies of ``vals``.
 
@@ -317,7 +343,7 @@ class CompiledTemplate:
         makes the batch rerun row by row, the raising rows ``FALLBACK``.
         """
         try:
-            out: tuple[Ints, Ints, Floats] = score_batch(*self.args, vals)  # type: ignore[call-arg]
+            out: tuple[Ints, Ints, Floats] = score_batch(*self.args, self.memo, vals)  # type: ignore[call-arg]
             return out
         except Exception:
             n = vals.shape[0]
@@ -326,7 +352,7 @@ class CompiledTemplate:
             energy = np.zeros(n, dtype=np.float64)
             for i in range(n):
                 try:
-                    s, c, e = score_batch(*self.args, vals[i : i + 1])  # type: ignore[call-arg]
+                    s, c, e = score_batch(*self.args, self.memo, vals[i : i + 1])  # type: ignore[call-arg]
                 except Exception:
                     continue
                 status[i], cycles[i], energy[i] = s[0], c[0], e[0]

@@ -474,7 +474,7 @@ def flatten_tree(ss: SteadyState, fe: FlatEnergyArch) -> FlatTree:
 # --- the kernel: stage 5 (energy.py) -----------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _tid_mask(nodes, slots, r, left, mask):  # type: ignore[no-untyped-def]
     """``mask``: the tensors of tile node ``r`` and (``left``) of the tile nodes on its left."""
     mask[:] = False
@@ -487,7 +487,7 @@ def _tid_mask(nodes, slots, r, left, mask):  # type: ignore[no-untyped-def]
                 mask[slots[k, SL_TID]] = True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def max_count(tab, mask):  # type: ignore[no-untyped-def]
     """:func:`.energy._max_count`: ``(found, the largest count of the masked tensors, >= 1)``."""
     found, best = False, 1
@@ -500,7 +500,7 @@ def max_count(tab, mask):  # type: ignore[no-untyped-def]
     return found, best
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _has_tag(tab, g):  # type: ignore[no-untyped-def]
     """Whether the table has op tag ``g`` (an entry of it: a tag is never added empty)."""
     for t in range(tab.shape[1]):
@@ -509,7 +509,7 @@ def _has_tag(tab, g):  # type: ignore[no-untyped-def]
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _put(tab, stamp, clock, g, t, n):  # type: ignore[no-untyped-def]
     """``tab[g][t] = n``; a new tag gets the next stamp (``iters``' insertion order)."""
     if stamp[g] < 0:
@@ -518,7 +518,7 @@ def _put(tab, stamp, clock, g, t, n):  # type: ignore[no-untyped-def]
     tab[g, t] = n
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def instances(sp, g, t, own, scope, is_root, has_parent):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy._instances`: ``(error, instances)``; adds the tensor to its tag."""
     if _has_tag(sp, g):
@@ -538,7 +538,7 @@ def instances(sp, g, t, own, scope, is_root, has_parent):  # type: ignore[no-unt
     return (EE_NONE if found else EE_NO_INSTANCES), nodes
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def compute_repeats(it, g, own, scope, has_parent):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy._compute_repeats`: ``(error, iterations above a compute unit)``."""
     if _has_tag(it, g):
@@ -555,7 +555,7 @@ def compute_repeats(it, g, own, scope, has_parent):  # type: ignore[no-untyped-d
     return EE_NONE, n
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def memory_pj(a, count, price):  # type: ignore[no-untyped-def]
     """:func:`.energy.memory_pj` of access row ``a`` with ``count`` accesses."""
     col = (EP_WRITE_TARGET if a[AC_RW] else EP_READ_TARGET) + (0 if a[AC_AT_TARGET] else 1)
@@ -564,7 +564,7 @@ def memory_pj(a, count, price):  # type: ignore[no-untyped-def]
     return e * 2 if a[AC_RMW] else e
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def unit_energy_pj(lv, unit_class, price, simd_pj, level, op_type, mac_pj):  # type: ignore[no-untyped-def]
     """:func:`.compute.unit_energy_pj`: ``(error, pJ of one access of compute unit level)``."""
     kind = unit_class[level]
@@ -578,7 +578,7 @@ def unit_energy_pj(lv, unit_class, price, simd_pj, level, op_type, mac_pj):  # t
     return EE_NONE, price[level, EP_COMPUTE] * lv[level, LV_INSTANCES]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _fits(a, b, c, d):  # type: ignore[no-untyped-def]
     """Whether the product ``a b c d`` stays below ``_LIMIT`` (no int64 wrap)."""
     return abs(np.float64(a) * np.float64(b) * np.float64(c) * np.float64(d)) < _LIMIT
@@ -602,6 +602,7 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
     has_parent = nodes[r, ND_PARENT] >= 0
     is_root = nodes[r, ND_PARENT] == 0
     repeats = 0
+    stop, row = EE_NONE, -1  # an error breaks the loop (:mod:`.compiled`: no return in it)
     a0 = nodes[r, ND_ACC0]
     for j in range(a0, a0 + nodes[r, ND_N_ACC]):
         a = acc[j]
@@ -612,13 +613,16 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
         if memory and not is_root:
             if repeats == 0:  # _parent_iters
                 if not has_parent:
-                    return EE_NO_PARENT, j
+                    stop, row = EE_NO_PARENT, j
+                    break
                 found, repeats = max_count(it, scope)
                 if not found:
-                    return EE_NO_ITERS, j
+                    stop, row = EE_NO_ITERS, j
+                    break
                 parent_iters[r] = max(parent_iters[r], repeats)
             if not _fits(count, repeats, 1, 1):
-                return EE_RANGE, j
+                stop, row = EE_RANGE, j
+                break
             count *= repeats  # _repeat
             _put(it, stamp, clock, g, t, repeats)
             if not a[AC_AT_TARGET]:
@@ -626,33 +630,40 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
                 noc_has[r, level] = True
         err, n_inst = instances(sp, g, t, own, scope, is_root, has_parent)
         if err:
-            return err, j
+            stop, row = err, j
+            break
         if not tag_instances:
             n_inst = fan
         if memory:
             if not _fits(count, a[AC_TILE], a[AC_PROJ], a[AC_PRECISION]):
-                return EE_RANGE, j
+                stop, row = EE_RANGE, j
+                break
             e = n_inst * memory_pj(a, count, price[level])
         else:
             err, n = compute_repeats(it, g, own, scope, has_parent)
             if err:
-                return err, j
+                stop, row = err, j
+                break
             if not _fits(n_inst, count, n, 1):
-                return EE_RANGE, j
+                stop, row = EE_RANGE, j
+                break
             count *= n
             err, per = unit_energy_pj(lv, unit_class, price, simd_pj, level,
                                       nodes[r, ND_OP_TYPE], acc_pj[j, AP_MAC])  # fmt: skip
             if err:
-                return err, j
+                stop, row = err, j
+                break
             e = n_inst * count * per
         counts[j] = count
         level_pj[r, level] += e
         level_has[r, level] = True
+    if stop:
+        return stop, row
     _fan_out_here(nodes, slots, acc, r, sp)
     return EE_NONE, -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _fan_out_here(nodes, slots, acc, r, sp):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy._fan_out_here`: instances times the tensors' fan-out.
 
@@ -669,7 +680,7 @@ def _fan_out_here(nodes, slots, acc, r, sp):  # type: ignore[no-untyped-def]
         k += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _add_here(nodes, acc, r, here, it, stamp, clock, done):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy.walk`: the node's iterations times its at-target counts.
 
@@ -759,7 +770,7 @@ def fan_out(nodes, slots):  # type: ignore[no-untyped-def]
     return fan
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _walked(nodes, r):  # type: ignore[no-untyped-def]
     """Whether :meth:`.energy.Energy.walk` reaches node ``r`` (its parent's row is decided)."""
     p, kind = nodes[r, ND_PARENT], nodes[r, ND_KIND]
@@ -820,7 +831,7 @@ def walk(nodes, slots, acc, acc_pj, col_pj, n_tags, n_tids, arrays, head, out): 
 # --- the kernel: stage 6 (report.py) -----------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def group_cycles(block):  # type: ignore[no-untyped-def]
     """:func:`.report._group_cycles` of ``block[level, port, LO_*]``: ``(CS, cumm, compute)``."""
     cs_read = cs_write = cumm = comp = 0
@@ -861,7 +872,7 @@ def unit_cycles(nodes, groups, lvl, parent_iters, units, unit_has, unscaled_os):
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _add_row(rows, row_has, row, e):  # type: ignore[no-untyped-def]
     """``rows[row] += e``, rounded to float32 (COMET's per-row sums)."""
     rows[row] = np.float64(np.float32(rows[row] + e))

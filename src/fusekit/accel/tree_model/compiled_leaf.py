@@ -412,7 +412,7 @@ def compute_cycles(lv, simd, op):  # type: ignore[no-untyped-def]
     return ERR_NO_MODEL, 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _gemm_extra(ratio):  # type: ignore[no-untyped-def]
     """The GEMM unit's start-up cycles by reduction factor / 256 (16: 16, 8: 12, 4: 8, 2: 6)."""
     if ratio == 16:
@@ -429,7 +429,7 @@ def _gemm_extra(ratio):  # type: ignore[no-untyped-def]
 # --- the kernel: one transfer (transfers.py, noc.py, orion.py) -----------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _ceil_f32(x):  # type: ignore[no-untyped-def]
     """``math.ceil`` of a float32, ``(ok, value)``: not ok where Python raises (inf, nan)."""
     if not math.isfinite(x):
@@ -476,7 +476,7 @@ def memory_cycles(lv, net, target, child, n_id, rw, rmw, scale, tile, unique, co
     return ok, max(t_target, t_child)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _sub_mesh(net, n_id, nodes):  # type: ignore[no-untyped-def]
     """:func:`fusekit.accel.noc.sub_mesh`."""
     side = math.ceil(math.sqrt(nodes))
@@ -492,7 +492,7 @@ def _sub_mesh(net, n_id, nodes):  # type: ignore[no-untyped-def]
     return x, y
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _hops_data(sx, sy, generalise):  # type: ignore[no-untyped-def]
     """:func:`fusekit.accel.noc._row`: ``(ok, hops, data)`` of a sub-mesh."""
     if sx == sy and (sx == 1 or sx == 2 or sx == 4 or sx == 16):
@@ -588,7 +588,7 @@ def transfer(lv, net_of, net, net_pj, sl, tile, unique, count, generalise):  # t
 # --- the kernel: a tensor's stalls (transfers.py) ------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _firsts(n, period):  # type: ignore[no-untyped-def]
     """:meth:`.records.MoveRow.firsts`: iterations that get the ``moved`` move."""
     if n == 0:
@@ -596,12 +596,12 @@ def _firsts(n, period):  # type: ignore[no-untyped-def]
     return 1 if period <= 0 else -(-n // period)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _is_first(i, period):  # type: ignore[no-untyped-def]
     return i == 0 or (period > 0 and i % period == 0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def moving(sl, n):  # type: ignore[no-untyped-def]
     """:meth:`.records.MoveRow.moving` of slot ``sl``'s moves over ``n`` iterations."""
     first = _firsts(n, sl[SL_PERIOD])
@@ -672,7 +672,7 @@ def tensor_stalls(sl, n, n_it, iters, different, cyc, moved, kept, eff):  # type
 # --- the kernel: merge per level and port, node cycles (merge.py) ------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _use_up(win, n_win, used, lo, f, kf):  # type: ignore[no-untyped-def]
     """:func:`.merge._use_up`: take ``used[i - lo]`` off ``win`` at each iteration of ``i``."""
     if f == 1 and kf == 1:
@@ -690,7 +690,7 @@ def _use_up(win, n_win, used, lo, f, kf):  # type: ignore[no-untyped-def]
                 win[nn] = max(win[nn] - u, 0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _add_stalls(ms, eff, pseudo, wk, f, lo, hi, n_it):  # type: ignore[no-untyped-def]
     """The stalls of :func:`.merge._add_unit_reuse` and ``_add_reused`` (a hidden tensor).
 
@@ -730,7 +730,7 @@ def _entry_order(slots, pseudo):  # type: ignore[no-untyped-def]
     return order[:m]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _entry_after(slots, a, b):  # type: ignore[no-untyped-def]
     """Whether slot ``a`` merges after slot ``b`` (target, child, port, then slot order)."""
     for col in (SL_TARGET, SL_CHILD, SL_RW):
@@ -873,7 +873,7 @@ def _ramp_tables(slots, run, tab):  # type: ignore[no-untyped-def]
                 tab[key, TB_UP] = run[u, SO_RAMP_UP]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _seen_target(slots, t):  # type: ignore[no-untyped-def]
     """Whether a read slot before ``t`` has ``t``'s target level."""
     for u in range(t):
@@ -882,7 +882,7 @@ def _seen_target(slots, t):  # type: ignore[no-untyped-def]
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _key_again(slots, u):  # type: ignore[no-untyped-def]
     """Whether a later read slot has ``u``'s target level and key (it overwrites ``u``'s)."""
     for v in range(u + 1, slots.shape[0]):
@@ -963,14 +963,14 @@ def leaf_period(slots):  # type: ignore[no-untyped-def]
     return period
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _affine(a, b, k):  # type: ignore[no-untyped-def]
     """``b = a + k (b - a)`` elementwise: counts at two and three periods, ``k`` periods more."""
     for i in range(a.shape[0]):
         b[i] = a[i] + k * (b[i] - a[i])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _tables_alike(a, b):  # type: ignore[no-untyped-def]
     """Whether two runs' tables hold the same keys (``_extend_leaf``'s check)."""
     for key in range(a.shape[0]):
@@ -1054,7 +1054,7 @@ def leaf_kernel(lv, simd, net_of, net, net_pj, slots, op, generalise, port_overw
     return head, acc, acc_pj, slot_out, slot_pj, lvl, tab
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _with_unit(op, unit):  # type: ignore[no-untyped-def]
     """``op`` on compute level ``unit`` (a tensor's child may differ from the op's unit)."""
     if op[OP_UNIT] == unit:
@@ -1064,7 +1064,7 @@ def _with_unit(op, unit):  # type: ignore[no-untyped-def]
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _count_reuse(slots, tab):  # type: ignore[no-untyped-def]
     """:meth:`.steady.SteadyState._count_reuse`: per key, its reuse and moving iterations."""
     for t in range(slots.shape[0]):

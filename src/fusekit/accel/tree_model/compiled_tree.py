@@ -94,6 +94,7 @@ tiling changes: :func:`template_values` refuses them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -719,6 +720,31 @@ def template_values(flat: FlatTree, const: dict[str, Any]) -> Ints:
     return np.array(vals, dtype=np.int64)
 
 
+def plain_rows(
+    flat: FlatTree, consts: Sequence[dict[str, Any]]
+) -> tuple[list[list[int]], list[int]]:
+    """:func:`template_values` of each of ``consts`` that takes its fast path, and their indices.
+
+    A constants dict whose shape constants name what the template's do and whose texts all
+    take :func:`_plain_values`' path gives the same values as :func:`template_values`; the
+    others are not given (``template_values`` raises for them or resolves them in full).
+    """
+    tpl = flat.template
+    if tpl is None:
+        return [], []
+    texts, checks = tpl.texts.texts, flat.shape_consts
+    rows: list[list[int]] = []
+    kept: list[int] = []
+    for i, const in enumerate(consts):
+        if any((_shape_text(k, t, const) if t in const else t) != w for k, t, w in checks):
+            continue
+        vals = _plain_values(texts, const)
+        if vals is not None:
+            rows.append(vals)
+            kept.append(i)
+    return rows, kept
+
+
 def _plain_values(texts: list[str], const: dict[str, Any]) -> list[int] | None:
     """The texts' values where each is a positive int constant or digits naming no constant.
 
@@ -771,7 +797,7 @@ def tree_values(flat: FlatTree, root: TreeNode) -> Ints:
 # --- the kernel: stage 1, the fit check --------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _tile_steps(okey, step, vals, q, rows):  # type: ignore[no-untyped-def]
     """An op's tile steps of key row ``q`` replace its key's row (``dict(ts)``)."""
     k = okey[q, OK_KEY]
@@ -780,7 +806,7 @@ def _tile_steps(okey, step, vals, q, rows):  # type: ignore[no-untyped-def]
         rows[k, step[x, TS_DIM]] = vals[step[x, TS_REF]]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _after(kind, x, n_src, n_dst):  # type: ignore[no-untyped-def]
     """:func:`.nests.extent_after` of the collective's dim: gathered or scattered."""
     if kind == CT_GATHER or kind == CT_ALLGATHER:
@@ -790,7 +816,7 @@ def _after(kind, x, n_src, n_dst):  # type: ignore[no-untyped-def]
     return x
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _grow(slots, fac, vals, s, sizes):  # type: ignore[no-untyped-def]
     """:func:`.fit._grow` of slot ``s``: its key's extents times its factors."""
     k = slots[s, ST_GKEY]
@@ -800,7 +826,7 @@ def _grow(slots, fac, vals, s, sizes):  # type: ignore[no-untyped-def]
             sizes[k, fac[e, FC_DIM]] *= v
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _tile_bytes(slots, pd, s, sizes):  # type: ignore[no-untyped-def]
     """The bytes of slot ``s``'s tile (:func:`.fit._requested_bytes`, float as the reference)."""
     k = slots[s, ST_GKEY]
@@ -810,7 +836,7 @@ def _tile_bytes(slots, pd, s, sizes):  # type: ignore[no-untyped-def]
     return int(elems * slots[s, SL_SCALE] / 8.0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _occupy(nd, slots, pd, grp, i, sizes, req, occupied, largest, here):  # type: ignore[no-untyped-def]
     """:func:`.fit._occupy` of temporal node ``i``'s requests (per group the largest)."""
     g0, g1 = nd[i, ND_GROUP], nd[i, ND_GROUP] + nd[i, ND_N_GROUPS]
@@ -837,7 +863,7 @@ def _occupy(nd, slots, pd, grp, i, sizes, req, occupied, largest, here):  # type
             occupied[lv] = True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _fit_collective(cols, c, sizes):  # type: ignore[no-untyped-def]
     """A collective's tile: its tensor's first tag's, gathered or scattered."""
     row = sizes[cols[c, CO_FIT_SRC]].copy()
@@ -880,7 +906,7 @@ def fit_stage(tabs, seqs, meta, vals, req):  # type: ignore[no-untyped-def]
 # --- the kernel: stage 2, the loop nests -------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _step_of(okey, step, vals, q, d):  # type: ignore[no-untyped-def]
     """``ts.get(d, 0)``: the tile step of dim ``d`` of key row ``q``."""
     for x in range(okey[q, OK_STEP] + okey[q, OK_N_STEP] - 1, okey[q, OK_STEP] - 1, -1):
@@ -889,7 +915,7 @@ def _step_of(okey, step, vals, q, d):  # type: ignore[no-untyped-def]
     return 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _nest_op(ops, prim, okey, step, vals, o, stride, steps):  # type: ignore[no-untyped-def]
     """:meth:`.nests._NestWalk.op`: strides from the tile steps; a GEMM's primitives per tile."""
     for q in range(ops[o, OR_KEYS], ops[o, OR_KEYS] + ops[o, OR_N_KEYS]):
@@ -901,7 +927,7 @@ def _nest_op(ops, prim, okey, step, vals, o, stride, steps):  # type: ignore[no-
         steps[okey[q, OK_KEY]] = rel
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _nest_tile(nd, slots, fac, vals, i, stride, steps, out, desc):  # type: ignore[no-untyped-def]
     """:meth:`.nests._NestWalk.tile`: each slot's loops, iterations and time steps."""
     spatial = nd[i, ND_SPATIAL]
@@ -923,7 +949,7 @@ def _nest_tile(nd, slots, fac, vals, i, stride, steps, out, desc):  # type: igno
             steps[k] = rel * product
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _nest_collective(cols, cext, desc, c, stride, steps, col_ext):  # type: ignore[no-untyped-def]
     """:meth:`.nests._NestWalk.collective`: the extents in and out; the write-back's strides."""
     kind, dim = cols[c, CO_TYPE], cols[c, CO_DIM]
@@ -963,7 +989,7 @@ def nest_stage(tabs, post, meta, vals, out, desc, col_ext):  # type: ignore[no-u
 # --- the kernel: stage 3, the moves ------------------------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _temporal_row(slots, pd, od, desc, s, out):  # type: ignore[no-untyped-def]
     """:func:`.nests.temporal_period`: slot ``s``'s tile and period, then its moves."""
     tile = 1
@@ -984,7 +1010,7 @@ def _temporal_row(slots, pd, od, desc, s, out):  # type: ignore[no-untyped-def]
     out[s, SL_KEPT_TILE], out[s, SL_KEPT_UNIQUE], out[s, SL_KEPT_COUNT] = tile, 0, 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _spatial_row(slots, pd, desc, s, out):  # type: ignore[no-untyped-def]
     """:func:`.nests._spatial_moves` of slot ``s``: ``(error code, index)``."""
     if slots[s, ST_ITERS_FROM] >= 0:

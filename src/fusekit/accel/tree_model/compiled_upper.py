@@ -70,8 +70,9 @@ its energies the blocks read and written and ORION's router energy.
 
 What is not here: the merged costs' per-iteration vectors (no parent reads them; the merged
 windows are not computed at all). The reference's leaf ``memo`` has a twin, :func:`new_leaf_memo`
-(shared by a batch's tilings): a leaf whose slot rows and op equal a kept leaf's, compared in
-full behind a 64-bit hash, reuses its results (:func:`leaf_node`). The
+(kept by a compiled template for all its batches): a leaf whose slot rows and op equal a kept
+leaf's, compared in full behind a 64-bit hash (:func:`leaf_lookup`), reuses its results in
+:func:`tree_kernel` without a call; only a miss runs :func:`leaf_node`. The
 :class:`~fusekit.accel.compat.Compat` switches read: ``simd_constants``, ``mesh_table`` and
 ``port_overwrite`` (through :class:`.compiled_leaf.FlatArch`) and ``binding_misread`` (the
 shape: whether a spatial node's binding is sequential); the others act in stages 1, 5 and 6.
@@ -645,7 +646,7 @@ def _collective_sizes(
 # --- the kernel: windows and port use (steady.py) ----------------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _count_reuse(slots, a, b, sgkey, kt):  # type: ignore[no-untyped-def]
     """:meth:`.steady.SteadyState._count_reuse` of the slots ``a .. b - 1`` into ``kt``."""
     for s in range(a, b):
@@ -657,7 +658,7 @@ def _count_reuse(slots, a, b, sgkey, kt):  # type: ignore[no-untyped-def]
         kt[g, KT_ACTUAL] = actual
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _less_ramp(win, f, up):  # type: ignore[no-untyped-def]
     """:func:`.steady._less_ramp`: ``up`` off every window but each ``f``-th (32-bit wrap)."""
     for i in range(win.shape[0]):
@@ -665,7 +666,7 @@ def _less_ramp(win, f, up):  # type: ignore[no-untyped-def]
             win[i] = (win[i] - up) & _WRAP
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _strips_once(parent, child, g, win):  # type: ignore[no-untyped-def]
     """Key ``g``'s ramp-up off ``win`` when the parent reuses it and the child moves it once.
 
@@ -680,7 +681,7 @@ def _strips_once(parent, child, g, win):  # type: ignore[no-untyped-def]
     return True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def window_vector(kt, x, strips, s0, ns, win):  # type: ignore[no-untyped-def]
     """:meth:`.steady.SteadyState.window_vector` of node row ``x`` by its strip program."""
     n_keys = kt.shape[1]
@@ -695,7 +696,7 @@ def window_vector(kt, x, strips, s0, ns, win):  # type: ignore[no-untyped-def]
         s += 1 + n_sub
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def port_use(nodes, uses, u0, nu, glv, use):  # type: ignore[no-untyped-def]
     """:meth:`.steady.SteadyState.port_use`: per level, the cycles the children hold a port.
 
@@ -715,7 +716,7 @@ def port_use(nodes, uses, u0, nu, glv, use):  # type: ignore[no-untyped-def]
 # --- the kernel: a spatial node's port costs (transfers.py) ------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _covered(win, i, f):  # type: ignore[no-untyped-def]
     """The window iteration ``i`` hides under at reuse ``f`` (``port_costs``' ``no_stall``)."""
     if i >= win.shape[0]:
@@ -824,7 +825,7 @@ def _merge_order(eo):  # type: ignore[no-untyped-def]
     return order[:m]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _after(eo, a, b):  # type: ignore[no-untyped-def]
     """Whether entry ``a`` merges after entry ``b``."""
     for col in (EO_TGT, EO_CHL, EO_IDX):
@@ -833,7 +834,7 @@ def _after(eo, a, b):  # type: ignore[no-untyped-def]
     return a > b
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _add_stalls(ms, mc, e, eo, eff, stl, wk, n_it):  # type: ignore[no-untyped-def]
     """:func:`.merge._add_unit_reuse` and ``_add_reused`` of entry ``e`` (no windows kept).
 
@@ -922,7 +923,7 @@ def merge_entries(lv, eo, eff, stl, use, n_it, port_overwrite, lvl):  # type: ig
 # --- the kernel: the nodes (steady.py, collectives.py) -----------------------------------------
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _max_iters(slots, a, b):  # type: ignore[no-untyped-def]
     """The node's iterations (the largest of its slots') and whether the slots' differ."""
     n_it, low = slots[a, SL_ITERS], slots[a, SL_ITERS]
@@ -932,7 +933,7 @@ def _max_iters(slots, a, b):  # type: ignore[no-untyped-def]
     return n_it, low != n_it
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _spatial_accesses(sl, at, pseudo, noc, acc, acc_pj):  # type: ignore[no-untyped-def]
     """A spatial entry's two accesses (rows ``at``, ``at + 1``): at its target, at its child."""
     for r in range(at, at + 2):
@@ -979,7 +980,7 @@ def _keep_ramp_ups(eo, ents, e0, ne, sgkey, kt_row):  # type: ignore[no-untyped-
                 kt_row[g, KT_UP] = eo[u, EO_UP]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _seen(eo, e):  # type: ignore[no-untyped-def]
     """Whether a read entry before ``e`` has ``e``'s target level."""
     for u in range(e):
@@ -988,7 +989,7 @@ def _seen(eo, e):  # type: ignore[no-untyped-def]
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _again(eo, ents, e0, sgkey, u):  # type: ignore[no-untyped-def]
     """Whether a later read entry has ``u``'s target level and key (it overwrites ``u``'s)."""
     g = sgkey[ents[e0 + u, E_SLOT]]
@@ -1061,7 +1062,7 @@ def spatial_node(lv, net_of, net, net_pj, generalise, port_overwrite, nodes, slo
     return ERR_NONE
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def temporal_node(nodes, slots, refs, uses, col, x, cyc, glv):  # type: ignore[no-untyped-def]
     """:meth:`.steady.SteadyState.visit_temporal` of node row ``x``."""
     nd = nodes[x]
@@ -1108,7 +1109,7 @@ def new_leaf_memo():  # type: ignore[no-untyped-def]
     return index, keys, heads, accs, pjs, lvls, tabs
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _leaf_key(x, leaf_slots, op):  # type: ignore[no-untyped-def]
     """A leaf's memo key and its 64-bit hash (FNV-1a over the key's int64 words).
 
@@ -1128,7 +1129,7 @@ def _leaf_key(x, leaf_slots, op):  # type: ignore[no-untyped-def]
     return key, h
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _same(a, b):  # type: ignore[no-untyped-def]
     """Whether two keys are equal (the exact check behind a hash hit)."""
     if a.shape[0] != b.shape[0]:
@@ -1139,50 +1140,70 @@ def _same(a, b):  # type: ignore[no-untyped-def]
     return True
 
 
-@numba.njit(cache=True)
-def leaf_node(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,  # type: ignore[no-untyped-def]
-              sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo):  # fmt: skip
-    """A leaf (:func:`.compiled_leaf.leaf_kernel`) into the tree's tables; an error code.
+@numba.njit(cache=True, inline="always")
+def leaf_lookup(nodes, slots, ops, x, memo):  # type: ignore[no-untyped-def]
+    """Leaf row ``x``'s memo key, its hash and entry: ``-1`` none, ``-2`` another key's.
 
-    ``memo`` (:func:`new_leaf_memo`): a leaf whose key (:func:`_leaf_key`: its row, slot rows
-    and op) equals a kept one's reuses that one's kernel results instead of running the kernel;
-    the hash only finds the candidate, the keys are compared in full, so a collision just runs
-    the kernel (and keeps the first entry). Results of a leaf that errs are not kept.
+    The hash only finds the candidate; the keys are compared in full, so a collision runs the
+    kernel (and keeps the first entry).
     """
     nd = nodes[x]
     a, b = nd[N_SLOT0], nd[N_SLOT0] + nd[N_NSLOT]
-    op = ops[nd[N_OP0] : nd[N_OP0] + nd[N_NOP]]
-    index, keys, heads, accs, pjs, lvls, tabs = memo
-    key, h = _leaf_key(x, slots[a:b], op)
+    key, h = _leaf_key(x, slots[a:b], ops[nd[N_OP0] : nd[N_OP0] + nd[N_NOP]])
+    index, keys = memo[0], memo[1]
     e = index[h] if h in index else -1
-    if e >= 0 and _same(keys[e], key):
-        lh, la, lp, lvl, tab = heads[e], accs[e], pjs[e], lvls[e], tabs[e]
-    else:
-        lh, la, lp, _so, _sp, lvl, tab = leaf_kernel(
-            lv, simd, net_of, net, net_pj, slots[a:b], op, generalise, port_overwrite, fold
-        )
-        if not lh[H_ERROR] and e < 0 and len(keys) < LEAF_MEMO_MAX:
-            index[h] = len(keys)
-            keys.append(key)
-            heads.append(lh)
-            accs.append(la)
-            pjs.append(lp)
-            lvls.append(lvl)
-            tabs.append(tab)
-    if lh[H_ERROR]:
-        head[TH_SLOT], head[TH_A], head[TH_B] = lh[H_ERROR_SLOT], lh[H_ERROR_A], lh[H_ERROR_B]
-        return lh[H_ERROR]
+    if e >= 0 and not _same(keys[e], key):
+        e = -2
+    return key, h, e
+
+
+@numba.njit(cache=True, inline="always")
+def leaf_store(nodes, slots, sgkey, x, cyc, glv, acc, acc_pj, kt, lh, la, lp, lvl, tab):  # type: ignore[no-untyped-def]
+    """A leaf's kernel results (``head``, ``acc``, ``acc_pj``, ``lvl``, ``tab``) into the tables."""
+    nd = nodes[x]
     cyc[x] = lh[H_TOTAL]
     r0 = nd[N_ACC0]
     acc[r0 : r0 + la.shape[0]] = la
     acc_pj[r0 : r0 + la.shape[0]] = lp
     glv[nd[N_GRP0], :, :, :LO_COLS] = lvl
-    k = kt[x]
-    for s in range(a, b):
+    for s in range(nd[N_SLOT0], nd[N_SLOT0] + nd[N_NSLOT]):
         t, g = slots[s, SL_KEY], sgkey[s]
-        k[g, KT_REUSE_HAS], k[g, KT_REUSE], k[g, KT_ACTUAL] = 1, tab[t, TB_REUSE], tab[t, TB_ACTUAL]
-        k[g, KT_UP_HAS], k[g, KT_UP] = tab[t, TB_UP_HAS], tab[t, TB_UP]
-        k[g, KT_DOWN_HAS], k[g, KT_DOWN] = tab[t, TB_DOWN_HAS], tab[t, TB_DOWN]
+        kt[x, g, KT_REUSE_HAS] = 1
+        kt[x, g, KT_REUSE], kt[x, g, KT_ACTUAL] = tab[t, TB_REUSE], tab[t, TB_ACTUAL]
+        kt[x, g, KT_UP_HAS], kt[x, g, KT_UP] = tab[t, TB_UP_HAS], tab[t, TB_UP]
+        kt[x, g, KT_DOWN_HAS], kt[x, g, KT_DOWN] = tab[t, TB_DOWN_HAS], tab[t, TB_DOWN]
+
+
+@numba.njit(cache=True)
+def leaf_node(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,  # type: ignore[no-untyped-def]
+              sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo, key, h, e):  # fmt: skip
+    """A leaf that missed the memo: its kernel's results into the tree's tables; an error code.
+
+    ``key, h, e``: :func:`leaf_lookup`'s; the kernel is :func:`.compiled_leaf.leaf_kernel`.
+
+    ``memo`` (:func:`new_leaf_memo`): the results are kept under ``key`` where no entry has its
+    hash (``e == -1``) and the leaf does not err; a leaf whose key equals a kept one's reuses
+    that one's results (:func:`tree_kernel`) instead of running the kernel.
+    """
+    nd = nodes[x]
+    a, b = nd[N_SLOT0], nd[N_SLOT0] + nd[N_NSLOT]
+    op = ops[nd[N_OP0] : nd[N_OP0] + nd[N_NOP]]
+    index, keys, heads, accs, pjs, lvls, tabs = memo
+    lh, la, lp, _so, _sp, lvl, tab = leaf_kernel(
+        lv, simd, net_of, net, net_pj, slots[a:b], op, generalise, port_overwrite, fold
+    )
+    if lh[H_ERROR]:
+        head[TH_SLOT], head[TH_A], head[TH_B] = lh[H_ERROR_SLOT], lh[H_ERROR_A], lh[H_ERROR_B]
+        return lh[H_ERROR]
+    if e == -1 and len(keys) < LEAF_MEMO_MAX:
+        index[h] = len(keys)
+        keys.append(key)
+        heads.append(lh)
+        accs.append(la)
+        pjs.append(lp)
+        lvls.append(lvl)
+        tabs.append(tab)
+    leaf_store(nodes, slots, sgkey, x, cyc, glv, acc, acc_pj, kt, lh, la, lp, lvl, tab)
     return ERR_NONE
 
 
@@ -1237,7 +1258,7 @@ def collective_link(net, net_pj, n_id, kind, red, tile, nodes, scale, generalise
     return ERR_NONE, cycles, np.float64(np.float32(np.float32(e) + reduce_e)), 0, 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _divisors_ok(ci, cf):  # type: ignore[no-untyped-def]
     """Whether no division of the collective's memory model is by zero (Python would raise)."""
     kind = ci[CI_KIND]
@@ -1367,10 +1388,15 @@ def tree_kernel(lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold,
         if err:
             pass
         elif kind == NK_LEAF:
-            err = leaf_node(
-                lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes, slots,
-                sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo,
-            )  # fmt: skip
+            key, h, e = leaf_lookup(nodes, slots, ops, x, memo)
+            if e >= 0:  # a kept leaf: its results (no kernel, no call)
+                leaf_store(nodes, slots, sgkey, x, cyc, glv, acc, acc_pj, kt, memo[2][e],
+                           memo[3][e], memo[4][e], memo[5][e], memo[6][e])  # fmt: skip
+            else:
+                err = leaf_node(
+                    lv, simd, net_of, net, net_pj, generalise, port_overwrite, fold, nodes,
+                    slots, sgkey, ops, x, cyc, glv, acc, acc_pj, kt, head, memo, key, h, e,
+                )  # fmt: skip
         elif kind == NK_SPATIAL:
             err = spatial_node(lv, net_of, net, net_pj, generalise, port_overwrite, nodes, slots,
                                sgkey, refs, uses, ents, strips, x, cyc, glv, acc, acc_pj, kt,
