@@ -488,12 +488,12 @@ def _tid_mask(nodes, slots, r, left, mask):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, inline="always")
-def max_count(tab, mask):  # type: ignore[no-untyped-def]
-    """:func:`.energy._max_count`: ``(found, the largest count of the masked tensors, >= 1)``."""
+def max_count(tab, r, mask):  # type: ignore[no-untyped-def]
+    """:func:`.energy._max_count` of ``tab[r]``: ``(found, largest masked count, >= 1)``."""
     found, best = False, 1
-    for g in range(tab.shape[0]):
-        for t in range(tab.shape[1]):
-            v = tab[g, t]
+    for g in range(tab.shape[1]):
+        for t in range(tab.shape[2]):
+            v = tab[r, g, t]
             if v >= 0 and mask[t]:
                 found = True
                 best = max(best, v)
@@ -501,67 +501,74 @@ def max_count(tab, mask):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, inline="always")
-def _has_tag(tab, g):  # type: ignore[no-untyped-def]
-    """Whether the table has op tag ``g`` (an entry of it: a tag is never added empty)."""
-    for t in range(tab.shape[1]):
-        if tab[g, t] >= 0:
+def _has_tag(tab, r, g):  # type: ignore[no-untyped-def]
+    """Whether table ``tab[r]`` has op tag ``g`` (an entry of it: a tag is never added empty)."""
+    for t in range(tab.shape[2]):
+        if tab[r, g, t] >= 0:
             return True
     return False
 
 
 @numba.njit(cache=True, inline="always")
-def _put(tab, stamp, clock, g, t, n):  # type: ignore[no-untyped-def]
-    """``tab[g][t] = n``; a new tag gets the next stamp (``iters``' insertion order)."""
-    if stamp[g] < 0:
-        stamp[g] = clock[0]
+def _put(tab, stamp, r, clock, g, t, n):  # type: ignore[no-untyped-def]
+    """``tab[r][g][t] = n``; a new tag gets the next stamp (``iters``' insertion order)."""
+    if stamp[r, g] < 0:
+        stamp[r, g] = clock[0]
         clock[0] += 1
-    tab[g, t] = n
+    tab[r, g, t] = n
 
 
 @numba.njit(cache=True, inline="always")
-def instances(sp, g, t, own, scope, is_root, has_parent):  # type: ignore[no-untyped-def]
-    """:meth:`.energy.Energy._instances`: ``(error, instances)``; adds the tensor to its tag."""
-    if _has_tag(sp, g):
-        if sp[g, t] >= 0:
-            return EE_NONE, sp[g, t]
+def instances(sp, r, g, t, own, scope, is_root, has_parent):  # type: ignore[no-untyped-def]
+    """:meth:`.energy.Energy._instances` of ``sp[r]``: ``(error, instances)``; adds the tensor.
+
+    A tag that has the tensor gives its instances; one that has it not gets its own tensors'
+    largest; no tag: the largest in scope.
+    """
+    if _has_tag(sp, r, g):
+        if sp[r, g, t] >= 0:
+            return EE_NONE, sp[r, g, t]
         nodes = 1
-        for u in range(sp.shape[1]):
-            if own[u] and sp[g, u] > nodes:
-                nodes = sp[g, u]
-        sp[g, t] = nodes
+        for u in range(sp.shape[2]):
+            if own[u] and sp[r, g, u] > nodes:
+                nodes = sp[r, g, u]
+        sp[r, g, t] = nodes
         return EE_NONE, nodes
     if is_root:
         return EE_NONE, 1
     if not has_parent:
         return EE_NO_PARENT, 0
-    found, nodes = max_count(sp, scope)
+    found, nodes = max_count(sp, r, scope)
     return (EE_NONE if found else EE_NO_INSTANCES), nodes
 
 
 @numba.njit(cache=True, inline="always")
-def compute_repeats(it, g, own, scope, has_parent):  # type: ignore[no-untyped-def]
-    """:meth:`.energy.Energy._compute_repeats`: ``(error, iterations above a compute unit)``."""
-    if _has_tag(it, g):
+def compute_repeats(it, r, g, own, scope, has_parent):  # type: ignore[no-untyped-def]
+    """:meth:`.energy.Energy._compute_repeats` of ``it[r]``: ``(error, iterations above)``."""
+    if _has_tag(it, r, g):
         n = 1
-        for u in range(it.shape[1]):
-            if own[u] and it[g, u] > n:
-                n = it[g, u]
+        for u in range(it.shape[2]):
+            if own[u] and it[r, g, u] > n:
+                n = it[r, g, u]
         return EE_NONE, n
-    found, n = max_count(it, own)
+    found, n = max_count(it, r, own)
     if not found:
         if not has_parent:
             return EE_NO_PARENT, 0
-        found, n = max_count(it, scope)
+        found, n = max_count(it, r, scope)
     return EE_NONE, n
 
 
 @numba.njit(cache=True, inline="always")
-def memory_pj(a, count, price):  # type: ignore[no-untyped-def]
-    """:func:`.energy.memory_pj` of access row ``a`` with ``count`` accesses."""
-    col = (EP_WRITE_TARGET if a[AC_RW] else EP_READ_TARGET) + (0 if a[AC_AT_TARGET] else 1)
-    e = np.float64(count * a[AC_TILE] * a[AC_PROJ] * a[AC_PRECISION]) * price[col]
-    e /= price[EP_BITS]
-    return e * 2 if a[AC_RMW] else e
+def memory_pj(acc, j, count, price, level):  # type: ignore[no-untyped-def]
+    """:func:`.energy.memory_pj` of access row ``acc[j]`` at ``level``, ``count`` accesses."""
+    col = (EP_WRITE_TARGET if acc[j, AC_RW] else EP_READ_TARGET) + (
+        0 if acc[j, AC_AT_TARGET] else 1
+    )
+    tile = acc[j, AC_TILE] * acc[j, AC_PROJ] * acc[j, AC_PRECISION]
+    e = np.float64(count * tile) * price[level, col]
+    e /= price[level, EP_BITS]
+    return e * 2 if acc[j, AC_RMW] else e
 
 
 @numba.njit(cache=True, inline="always")
@@ -588,11 +595,12 @@ def _fits(a, b, c, d):  # type: ignore[no-untyped-def]
 def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, out, scratch):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy._tile` of spatial or leaf node ``r``: ``(error, access row)``.
 
-    ``sp``, ``it``, ``stamp``: the node's tables (its parent's, updated here); ``here``: its
-    at-target counts; ``fan``: its spatial ancestors' fan-out; ``arrays``: ``(lv, unit_class,
-    price, simd_pj, tag_instances)``; ``out``: ``(counts, level_pj, level_has, noc_pj,
-    noc_has, parent_iters)``, written at ``r`` and its accesses' rows; ``scratch``: ``(clock,
-    own, scope, flags)``, :func:`walk`'s.
+    ``sp``, ``it``, ``stamp``: the nodes' tables, row ``r`` the node's (its parent's, updated
+    here); ``here[r]``: its at-target counts; ``fan``: its spatial ancestors' fan-out;
+    ``arrays``: ``(lv, unit_class, price, simd_pj, tag_instances)``; ``out``: ``(counts,
+    level_pj, level_has, noc_pj, noc_has, parent_iters)``, written at ``r`` and its accesses'
+    rows; ``scratch``: ``(clock, own, scope, flags)``, :func:`walk`'s. Tables are indexed by
+    row, never sliced (:mod:`.compiled`: no views).
     """
     lv, unit_class, price, simd_pj, tag_instances = arrays
     counts, level_pj, level_has, noc_pj, noc_has, parent_iters = out
@@ -602,20 +610,19 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
     has_parent = nodes[r, ND_PARENT] >= 0
     is_root = nodes[r, ND_PARENT] == 0
     repeats = 0
-    stop, row = EE_NONE, -1  # an error breaks the loop (:mod:`.compiled`: no return in it)
+    stop, row = EE_NONE, -1  # an error breaks the loop (:mod:`.compiled`)
     a0 = nodes[r, ND_ACC0]
     for j in range(a0, a0 + nodes[r, ND_N_ACC]):
-        a = acc[j]
-        memory = not a[AC_COMPUTE]
-        g, t, level, count = a[AC_TAG], a[AC_TID], a[AC_LEVEL], a[AC_COUNT]
-        if memory and a[AC_AT_TARGET]:
-            here[g, t] = count
+        memory = not acc[j, AC_COMPUTE]
+        g, t, level, count = acc[j, AC_TAG], acc[j, AC_TID], acc[j, AC_LEVEL], acc[j, AC_COUNT]
+        if memory and acc[j, AC_AT_TARGET]:
+            here[r, g, t] = count
         if memory and not is_root:
             if repeats == 0:  # _parent_iters
                 if not has_parent:
                     stop, row = EE_NO_PARENT, j
                     break
-                found, repeats = max_count(it, scope)
+                found, repeats = max_count(it, r, scope)
                 if not found:
                     stop, row = EE_NO_ITERS, j
                     break
@@ -624,23 +631,23 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
                 stop, row = EE_RANGE, j
                 break
             count *= repeats  # _repeat
-            _put(it, stamp, clock, g, t, repeats)
-            if not a[AC_AT_TARGET]:
+            _put(it, stamp, r, clock, g, t, repeats)
+            if not acc[j, AC_AT_TARGET]:
                 noc_pj[r, level] += acc_pj[j, AP_NOC] * repeats
                 noc_has[r, level] = True
-        err, n_inst = instances(sp, g, t, own, scope, is_root, has_parent)
+        err, n_inst = instances(sp, r, g, t, own, scope, is_root, has_parent)
         if err:
             stop, row = err, j
             break
         if not tag_instances:
             n_inst = fan
         if memory:
-            if not _fits(count, a[AC_TILE], a[AC_PROJ], a[AC_PRECISION]):
+            if not _fits(count, acc[j, AC_TILE], acc[j, AC_PROJ], acc[j, AC_PRECISION]):
                 stop, row = EE_RANGE, j
                 break
-            e = n_inst * memory_pj(a, count, price[level])
+            e = n_inst * memory_pj(acc, j, count, price, level)
         else:
-            err, n = compute_repeats(it, g, own, scope, has_parent)
+            err, n = compute_repeats(it, r, g, own, scope, has_parent)
             if err:
                 stop, row = err, j
                 break
@@ -676,16 +683,16 @@ def _fan_out_here(nodes, slots, acc, r, sp):  # type: ignore[no-untyped-def]
             continue
         f = slots[s0 + k, SL_SP_ITERS] if k < n_slots else 1
         g, t = acc[j, AC_TAG], acc[j, AC_TID]
-        sp[g, t] = sp[g, t] * f if sp[g, t] >= 0 else f
+        sp[r, g, t] = sp[r, g, t] * f if sp[r, g, t] >= 0 else f
         k += 1
 
 
 @numba.njit(cache=True, inline="always")
 def _add_here(nodes, acc, r, here, it, stamp, clock, done):  # type: ignore[no-untyped-def]
-    """:meth:`.energy.Energy.walk`: the node's iterations times its at-target counts.
+    """:meth:`.energy.Energy.walk`: node ``r``'s iterations times its at-target counts.
 
-    By tag in the order the node met them (``iters``' insertion order). Returns whether the
-    products stay in range. ``done``: scratch, a flag per tag.
+    By tag in the order the node met them (``iters``' insertion order); the tables' row ``r``.
+    Returns whether the products stay in range. ``done``: scratch, a flag per tag.
     """
     done[:] = False
     a0 = nodes[r, ND_ACC0]
@@ -694,16 +701,16 @@ def _add_here(nodes, acc, r, here, it, stamp, clock, done):  # type: ignore[no-u
         if acc[j, AC_COMPUTE] or not acc[j, AC_AT_TARGET] or done[g]:
             continue
         done[g] = True
-        for t in range(here.shape[1]):
-            n = here[g, t]
+        for t in range(here.shape[2]):
+            n = here[r, g, t]
             if n < 0:
                 continue
-            if it[g, t] >= 0:
-                if not _fits(it[g, t], n, 1, 1):
+            if it[r, g, t] >= 0:
+                if not _fits(it[r, g, t], n, 1, 1):
                     return False
-                it[g, t] *= n
+                it[r, g, t] *= n
             else:
-                _put(it, stamp, clock, g, t, n)
+                _put(it, stamp, r, clock, g, t, n)
     return True
 
 
@@ -711,8 +718,9 @@ def _add_here(nodes, acc, r, here, it, stamp, clock, done):  # type: ignore[no-u
 def collective_energy(nodes, slots, acc, col_pj, r, it, stamp, here, out, tagged):  # type: ignore[no-untyped-def]
     """:meth:`.energy.Energy._collective` of collective ``r``: an error or ``EE_NONE``.
 
-    ``it``, ``stamp``, ``here``: its parent's tables and at-target counts; ``out`` as
-    :func:`tile_energy`'s; ``tagged``: scratch, a flag per tag.
+    ``it``, ``stamp``, ``here``: the nodes' tables and at-target counts, of which it reads and
+    writes its parent's rows; ``out`` as :func:`tile_energy`'s; ``tagged``: scratch, a flag
+    per tag.
     """
     counts, level_pj, level_has, noc_pj, noc_has, parent_iters = out
     p, tin, tgt = nodes[r, ND_PARENT], nodes[r, ND_COL_IN], nodes[r, ND_COL_TARGET]
@@ -733,15 +741,15 @@ def collective_energy(nodes, slots, acc, col_pj, r, it, stamp, here, out, tagged
         a0 = nodes[left, ND_ACC0]
         for j in range(a0, a0 + nodes[left, ND_N_ACC]):
             if acc[j, AC_AT_TARGET] and not acc[j, AC_COMPUTE]:
-                here[acc[j, AC_TAG], acc[j, AC_TID]] = counts[j]
-        n = max(here[last, tin], 0)
+                here[p, acc[j, AC_TAG], acc[j, AC_TID]] = counts[j]
+        n = max(here[p, last, tin], 0)
         level_pj[r, tgt] = memory * n
         noc_pj[r, tgt] = network * n
     else:
         n, newest = 1, -1  # the last tag in iters' order that has the tensor
-        for g in range(here.shape[0]):
-            if tagged[g] and it[g, tin] >= 0 and stamp[g] > newest:
-                n, newest = it[g, tin], stamp[g]
+        for g in range(here.shape[1]):
+            if tagged[g] and it[p, g, tin] >= 0 and stamp[p, g] > newest:
+                n, newest = it[p, g, tin], stamp[p, g]
         level_pj[r, tgt] = memory
         noc_pj[r, tgt] = network
         for lv in range(level_pj.shape[1]):
@@ -803,25 +811,23 @@ def walk(nodes, slots, acc, acc_pj, col_pj, n_tags, n_tids, arrays, head, out): 
         reached[r] = _walked(nodes, r) and (p < 0 or reached[p])
         if not reached[r]:
             continue
-        here[r] = -1
+        for g in range(n_tags):  # rows copied by element: no views (:mod:`.compiled`)
+            for t in range(n_tids):
+                here[r, g, t] = -1
         err, row = EE_NONE, -1
         if nodes[r, ND_KIND] == NK_COLLECTIVE:
-            err = collective_energy(nodes, slots, acc, col_pj, r, it[p], stamp[p], here[p], out,
-                                    flags)  # fmt: skip
+            err = collective_energy(nodes, slots, acc, col_pj, r, it, stamp, here, out, flags)
         else:
-            if p < 0:
-                sp[r] = -1
-                it[r] = -1
-                stamp[r] = -1
-            else:
-                sp[r] = sp[p]
-                it[r] = it[p]
-                stamp[r] = stamp[p]
+            for g in range(n_tags):
+                stamp[r, g] = -1 if p < 0 else stamp[p, g]
+                for t in range(n_tids):
+                    sp[r, g, t] = -1 if p < 0 else sp[p, g, t]
+                    it[r, g, t] = -1 if p < 0 else it[p, g, t]
             if nodes[r, ND_SPATIAL] or nodes[r, ND_LEAF]:
-                err, row = tile_energy(nodes, slots, acc, acc_pj, r, sp[r], it[r], stamp[r],
-                                       here[r], fan[r], arrays, out, scratch)  # fmt: skip
+                err, row = tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here,
+                                       fan[r], arrays, out, scratch)  # fmt: skip
             if not err and nodes[r, ND_SPATIAL] and not nodes[r, ND_LEAF]:
-                if not _add_here(nodes, acc, r, here[r], it[r], stamp[r], clock, flags):
+                if not _add_here(nodes, acc, r, here, it, stamp, clock, flags):
                     err = EE_RANGE
         if err:
             head[HD_ERROR], head[HD_ERROR_NODE], head[HD_ERROR_ROW] = err, r, row
