@@ -710,32 +710,37 @@ def _add_stalls(ms, eff, pseudo, wk, f, lo, hi, n_it):  # type: ignore[no-untype
                 ms[mi] += s
 
 
-@numba.njit(cache=True)
-def _entry_order(slots, pseudo):  # type: ignore[no-untyped-def]
-    """:func:`.merge._entries`: the slots that stall, by target, child level, port, slot."""
-    n = slots.shape[0]
+@numba.njit(cache=True, inline="always")
+def entry_order(rows, keep, c0, c1, c2):  # type: ignore[no-untyped-def]
+    """:func:`.merge._entries`' order: rows ``i`` with ``keep[i] > 0``, sorted by three columns.
+
+    The columns ``c0``, ``c1``, ``c2`` are the target level, the child level and the port; ties
+    keep index order. An insertion sort (a handful of rows): a leaf's slots
+    (:func:`merge_and_count`) or a spatial node's entries (:func:`.compiled_upper.merge_entries`).
+    """
+    n = rows.shape[0]
     order = np.empty(n, dtype=np.int64)
     m = 0
-    for t in range(n):
-        if pseudo[t] > 0:
-            order[m] = t
+    for i in range(n):
+        if keep[i] > 0:
+            order[m] = i
             m += 1
-    for a in range(1, m):  # insertion sort: a handful of slots
-        t = order[a]
+    for a in range(1, m):
+        i = order[a]
         b = a - 1
-        while b >= 0 and _entry_after(slots, order[b], t):
+        while b >= 0 and _merges_after(rows, order[b], i, c0, c1, c2):
             order[b + 1] = order[b]
             b -= 1
-        order[b + 1] = t
+        order[b + 1] = i
     return order[:m]
 
 
 @numba.njit(cache=True, inline="always")
-def _entry_after(slots, a, b):  # type: ignore[no-untyped-def]
-    """Whether slot ``a`` merges after slot ``b`` (target, child, port, then slot order)."""
-    for col in (SL_TARGET, SL_CHILD, SL_RW):
-        if slots[a, col] != slots[b, col]:
-            return slots[a, col] > slots[b, col]
+def _merges_after(rows, a, b, c0, c1, c2):  # type: ignore[no-untyped-def]
+    """Whether row ``a`` merges after row ``b``: columns ``c0``, ``c1``, ``c2``, then index."""
+    for col in (c0, c1, c2):
+        if rows[a, col] != rows[b, col]:
+            return rows[a, col] > rows[b, col]
     return a > b
 
 
@@ -758,7 +763,7 @@ def merge_and_count(slots, n_it, run, pseudo, actual, eff, port_overwrite, lvl):
         group[g] = n_groups if lvl[g, 0, LO_PRESENT] else -1
         n_groups += lvl[g, 0, LO_PRESENT]
     ms = np.zeros((n_groups, 2, n_it), dtype=np.int64)  # merged stalls per level and port
-    order = _entry_order(slots, pseudo)
+    order = entry_order(slots, pseudo, SL_TARGET, SL_CHILD, SL_RW)
     n_entries = order.shape[0]
     width = 0
     for e in range(n_entries):

@@ -160,6 +160,7 @@ from fusekit.accel.tree_model.compiled_leaf import (
     _node_cycles,
     _sub_mesh,
     _use_up,
+    entry_order,
     leaf_kernel,
     moving,
     router_pj,
@@ -805,35 +806,6 @@ def entry_cost(lv, net_of, net, net_pj, generalise, sl, win, hide, different, ef
 # --- the kernel: a spatial node's merge (merge.py) ---------------------------------------------
 
 
-@numba.njit(cache=True)
-def _merge_order(eo):  # type: ignore[no-untyped-def]
-    """:func:`.merge._entries`: the entries that stall, by target, child level, port, entry."""
-    n = eo.shape[0]
-    order = np.empty(n, dtype=np.int64)
-    m = 0
-    for e in range(n):
-        if eo[e, EO_PSEUDO] > 0:
-            order[m] = e
-            m += 1
-    for a in range(1, m):
-        e = order[a]
-        b = a - 1
-        while b >= 0 and _after(eo, order[b], e):
-            order[b + 1] = order[b]
-            b -= 1
-        order[b + 1] = e
-    return order[:m]
-
-
-@numba.njit(cache=True, inline="always")
-def _after(eo, a, b):  # type: ignore[no-untyped-def]
-    """Whether entry ``a`` merges after entry ``b``."""
-    for col in (EO_TGT, EO_CHL, EO_IDX):
-        if eo[a, col] != eo[b, col]:
-            return eo[a, col] > eo[b, col]
-    return a > b
-
-
 @numba.njit(cache=True, inline="always")
 def _add_stalls(ms, mc, e, eo, eff, stl, wk, n_it):  # type: ignore[no-untyped-def]
     """:func:`.merge._add_unit_reuse` and ``_add_reused`` of entry ``e`` (no windows kept).
@@ -882,7 +854,7 @@ def merge_entries(lv, eo, eff, stl, use, n_it, port_overwrite, lvl):  # type: ig
         n_groups += lvl[g, 0, LO_PRESENT]
     ms = np.zeros((n_groups, 2, n_it), dtype=np.int64)
     mc = np.zeros((n_groups, 2, n_it), dtype=np.int64)
-    order = _merge_order(eo)
+    order = entry_order(eo, eo[:, EO_PSEUDO], EO_TGT, EO_CHL, EO_IDX)
     width = 1
     for e in range(n_e):
         width = max(width, eo[e, EO_ACTUAL])
