@@ -175,9 +175,13 @@ def test_values_many_gives_what_values_gives() -> None:
     consts = [constants(t, dims) for t in tilings]
     consts[3] = {**consts[3], "red_dim": "N"}  # a reduction dim named by a constant
     consts[5] = {**consts[5], "M_Compute": "two"}  # not a count: the reference's error
+    consts[6] = {**consts[6], "M_Compute": True}  # a bool is not a count either
+    consts[7] = {**consts[7], "M_Compute": 2**70}  # past int64: the reference's path
+    consts[8] = {k: v for k, v in consts[8].items() if k != "M_SE"}  # another key set
     vals, kept = tpl.values_many(consts)
     want = [(i, v) for i, c in enumerate(consts) if (v := tpl.values(c)) is not None]
-    assert sorted(kept) == [i for i, _ in want] and 3 not in kept and 5 not in kept
+    assert sorted(kept) == [i for i, _ in want]
+    assert not {3, 5, 6, 7, 8} & set(kept) and len(kept) == 7
     assert vals is not None
     got = dict(zip(kept, vals.tolist(), strict=True))
     assert all(got[i] == v.tolist() for i, v in want)

@@ -94,7 +94,8 @@ tiling changes: :func:`template_values` refuses them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -722,27 +723,101 @@ def template_values(flat: FlatTree, const: dict[str, Any]) -> Ints:
 
 def plain_rows(
     flat: FlatTree, consts: Sequence[dict[str, Any]]
-) -> tuple[list[list[int]], list[int]]:
+) -> tuple[list[Sequence[int]], list[int]]:
     """:func:`template_values` of each of ``consts`` that takes its fast path, and their indices.
 
     A constants dict whose shape constants name what the template's do and whose texts all
     take :func:`_plain_values`' path gives the same values as :func:`template_values`; the
-    others are not given (``template_values`` raises for them or resolves them in full).
+    others are not given (``template_values`` raises for them or resolves them in full). The
+    texts are read through a :class:`_PlainPlan` per key set (a search's dicts share one).
     """
     tpl = flat.template
     if tpl is None:
         return [], []
-    texts, checks = tpl.texts.texts, flat.shape_consts
-    rows: list[list[int]] = []
+    rows: list[Sequence[int]] = []
     kept: list[int] = []
+    plan: _PlainPlan | None = None
     for i, const in enumerate(consts):
-        if any((_shape_text(k, t, const) if t in const else t) != w for k, t, w in checks):
-            continue
-        vals = _plain_values(texts, const)
+        if plan is None or const.keys() != plan.keys:
+            plan = _PlainPlan(tpl.texts.texts, flat.shape_consts, const)
+        vals = plan.values(const)
         if vals is not None:
             rows.append(vals)
             kept.append(i)
     return rows, kept
+
+
+#: The largest value the compiled tree holds (``int64``).
+_INT64_MAX = 2**63 - 1
+
+
+class _PlainPlan:
+    """How :func:`plain_rows` reads a template's texts from constants dicts with given keys.
+
+    Each text is a constant (read by one ``itemgetter``) or a literal count; the shape
+    constants' verdicts are kept per tuple of their values. ``values`` is
+    :func:`_plain_values` with the shape check of :func:`template_values`: ``None`` where
+    either would not give the values.
+    """
+
+    def __init__(
+        self, texts: list[str], checks: tuple[tuple[str, str, str], ...], const: dict[str, Any]
+    ) -> None:
+        self.keys = set(const)
+        self.ok = True
+        names = [t for t in texts if t in self.keys]
+        self.literals: list[tuple[int, int]] = []  # (position, value) of digit texts
+        for pos, t in enumerate(texts):
+            if t in self.keys:
+                continue
+            if not (t.isascii() and t.isdigit()) or not 1 <= int(t) <= _INT64_MAX:
+                self.ok = False  # every dict of these keys takes the full path
+            else:
+                self.literals.append((pos, int(t)))
+        self.get = _getter(names)
+        self.checks = [(k, t, w) for k, t, w in checks if t in self.keys]
+        if any(t != w for _k, t, w in checks if t not in self.keys):
+            self.ok = False
+        self.shape_get = _getter([t for _k, t, _w in self.checks])
+        self.verdicts: dict[tuple[Any, ...], bool] = {}
+
+    def values(self, const: dict[str, Any]) -> Sequence[int] | None:
+        """The texts' values read from ``const``, or ``None`` (see the class docstring)."""
+        if not self.ok or not self._shapes_ok(const):
+            return None
+        vals = self.get(const)
+        if vals and (set(map(type, vals)) != {int} or min(vals) < 1 or max(vals) > _INT64_MAX):
+            return None  # not a count, or past int64 (the reference's path)
+        if not self.literals:
+            return vals
+        out = list(vals)
+        for pos, v in self.literals:
+            out.insert(pos, v)
+        return out
+
+    def _shapes_ok(self, const: dict[str, Any]) -> bool:
+        key = self.shape_get(const)
+        try:
+            hit = self.verdicts.get(key)
+        except TypeError:  # an unhashable value: checked each time
+            hit = None
+        if hit is None:
+            hit = all(_shape_text(k, t, const) == w for k, t, w in self.checks)
+            try:
+                self.verdicts[key] = hit
+            except TypeError:
+                pass
+        return hit
+
+
+def _getter(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``const -> tuple of const[n] for n in names`` (an ``itemgetter``, always a tuple)."""
+    if not names:
+        return lambda _c: ()
+    get = operator.itemgetter(*names)
+    if len(names) == 1:
+        return lambda c: (get(c),)
+    return get
 
 
 def _plain_values(texts: list[str], const: dict[str, Any]) -> list[int] | None:
