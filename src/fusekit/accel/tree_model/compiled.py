@@ -41,11 +41,12 @@ status :data:`FALLBACK`: the caller evaluates it with the reference, which raise
 reference's exception.
 
 How the kernels are written for speed (the numbers do not depend on it): numba counts the
-references of every array argument of a call (two atomic operations each) unless its pruning
-pass proves the counts balanced, which it does not where the callee allocates, calls a function
-that is not inlined, or returns from inside a loop. So the small helpers called per entry or
-per iteration are ``inline="always"``, a per-node function leaves its loop with ``break`` and
-an error code rather than ``return``, and rows are copied element by element, not by slices.
+references of every array a function binds (its arguments, and views such as a row ``a[i]``)
+with two atomic operations each, unless its pruning pass proves the counts balanced, which it
+often cannot in a function with loops, early exits, allocations or calls. So the helpers called
+per entry or per iteration are ``inline="always"`` (their counts are then mostly pruned), the
+per-node code indexes tables by row and column instead of taking row views, and rows are
+copied element by element, not by slices.
 """
 
 from __future__ import annotations

@@ -610,7 +610,7 @@ def tile_energy(nodes, slots, acc, acc_pj, r, sp, it, stamp, here, fan, arrays, 
     has_parent = nodes[r, ND_PARENT] >= 0
     is_root = nodes[r, ND_PARENT] == 0
     repeats = 0
-    stop, row = EE_NONE, -1  # an error breaks the loop (:mod:`.compiled`)
+    stop, row = EE_NONE, -1  # an error breaks the loop
     a0 = nodes[r, ND_ACC0]
     for j in range(a0, a0 + nodes[r, ND_N_ACC]):
         memory = not acc[j, AC_COMPUTE]
