@@ -43,10 +43,18 @@ class MeshShapeError(FusekitError, ValueError):
 
 def sub_mesh(net: Network, nodes: int) -> tuple[int, int]:
     """The sub-mesh ``nodes`` nodes are placed on (square, capped by the arch's mesh)."""
+    return sub_mesh_dims(net.mesh, net.dims[0], net.dims[1], nodes)
+
+
+def sub_mesh_dims(mesh: bool, x: int, y: int, nodes: int) -> tuple[int, int]:
+    """:func:`sub_mesh` of a network given by its mesh flag and dims.
+
+    Scalars only: the compiled twin (:mod:`fusekit.accel.tree_model.compiled_leaf`) compiles
+    this same function.
+    """
     side = math.ceil(math.sqrt(nodes))
-    if not net.mesh:
+    if not mesh:
         return side, side
-    x, y = net.dims
     if x >= side and y >= side:
         return side, side
     if x >= side > y:

@@ -52,7 +52,7 @@ copied element by element, not by slices.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
@@ -263,6 +263,7 @@ class CompiledTemplate:
     tree_flat: ct.FlatTree
     args: tuple[Any, ...]  # score_batch's, up to its leaf memo
     memo: Any  # stage 4's leaf memo (:func:`.compiled_upper.new_leaf_memo`), for all batches
+    plans: dict[frozenset[str], Any] = field(default_factory=dict)  # plain_rows', all batches
 
     @classmethod
     def build(
@@ -329,7 +330,7 @@ class CompiledTemplate:
         Most take :func:`.compiled_tree.plain_rows`' fast path, the rest :meth:`values`; a
         tiling neither gives (``None``) is left out.
         """
-        rows, kept = ct.plain_rows(self.tree_flat, consts)
+        rows, kept = ct.plain_rows(self.tree_flat, consts, self.plans)
         fast = set(kept)
         for i, const in enumerate(consts):
             if i not in fast and (v := self.values(const)) is not None:

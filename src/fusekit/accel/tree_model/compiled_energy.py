@@ -123,6 +123,8 @@ from fusekit.accel.tree_model.compiled_leaf import (
     SL_TAG,
     SL_TID,
     FlatArch,
+    Floats,
+    Ints,
 )
 from fusekit.accel.tree_model.compute import SIMD_PJ
 from fusekit.accel.tree_model.energy import block_price
@@ -131,8 +133,6 @@ from fusekit.accel.tree_model.nests import build_movements, build_nests
 from fusekit.accel.tree_model.records import Access, Cost, TreeModelError, f32
 from fusekit.accel.tree_model.steady import SteadyState
 
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 # --- the layout (see the module docstring) -----------------------------------------------------

@@ -80,7 +80,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fusekit.accel.compat import Compat
-from fusekit.accel.noc import MeshShapeError
+from fusekit.accel.noc import MeshShapeError, sub_mesh_dims
 from fusekit.accel.orion import (
     BUFFER_DEPTH,
     _bit_read,
@@ -476,20 +476,14 @@ def memory_cycles(lv, net, target, child, n_id, rw, rmw, scale, tile, unique, co
     return ok, max(t_target, t_child)
 
 
+_sub_mesh_dims = numba.njit(cache=True, inline="always")(sub_mesh_dims)
+
+
 @numba.njit(cache=True, inline="always")
 def _sub_mesh(net, n_id, nodes):  # type: ignore[no-untyped-def]
-    """:func:`fusekit.accel.noc.sub_mesh`."""
-    side = math.ceil(math.sqrt(nodes))
-    if not net[n_id, NET_MESH]:
-        return side, side
-    x, y = net[n_id, NET_DIM_X], net[n_id, NET_DIM_Y]
-    if x >= side and y >= side:
-        return side, side
-    if x >= side > y:
-        return -(-nodes // y), y
-    if x < side <= y:
-        return y, -(-nodes // y)
-    return x, y
+    """:func:`fusekit.accel.noc.sub_mesh` of network row ``n_id`` (its function, compiled)."""
+    return _sub_mesh_dims(net[n_id, NET_MESH] != 0, net[n_id, NET_DIM_X], net[n_id, NET_DIM_Y],
+                          nodes)  # fmt: skip
 
 
 @numba.njit(cache=True, inline="always")
@@ -847,16 +841,12 @@ def _ramp_tables(slots, run, tab):  # type: ignore[no-untyped-def]
     n_down = 0
     for t in range(n):
         if slots[t, SL_RW]:
-            key = slots[t, SL_KEY]
-            if not tab[key, TB_DOWN_HAS]:
-                tab[key, TB_DOWN_HAS] = 1
-                tab[key, TB_DOWN_POS] = n_down
-                n_down += 1
-            tab[key, TB_DOWN] = run[t, SO_RAMP_DOWN]
+            key, down = slots[t, SL_KEY], run[t, SO_RAMP_DOWN]
+            n_down = _table_put(tab, key, TB_DOWN_HAS, TB_DOWN_POS, TB_DOWN, down, n_down)
     sums = np.zeros(n, dtype=np.int64)  # per read slot opening a target level: its level's sum
     top = -1
     for t in range(n):
-        if slots[t, SL_RW] or _seen_target(slots, t):
+        if slots[t, SL_RW] or read_target_seen(slots, t, SL_RW, SL_TARGET):
             continue
         for u in range(t, n):  # the level's table: each key's last value
             if not slots[u, SL_RW] and slots[u, SL_TARGET] == slots[t, SL_TARGET]:
@@ -866,23 +856,37 @@ def _ramp_tables(slots, run, tab):  # type: ignore[no-untyped-def]
             top = sums[t]
     n_up = 0
     for t in range(n):
-        if slots[t, SL_RW] or _seen_target(slots, t) or sums[t] != top:
+        if slots[t, SL_RW] or read_target_seen(slots, t, SL_RW, SL_TARGET) or sums[t] != top:
             continue
         for u in range(t, n):
             if not slots[u, SL_RW] and slots[u, SL_TARGET] == slots[t, SL_TARGET]:
-                key = slots[u, SL_KEY]
-                if not tab[key, TB_UP_HAS]:
-                    tab[key, TB_UP_HAS] = 1
-                    tab[key, TB_UP_POS] = n_up
-                    n_up += 1
-                tab[key, TB_UP] = run[u, SO_RAMP_UP]
+                key, up = slots[u, SL_KEY], run[u, SO_RAMP_UP]
+                n_up = _table_put(tab, key, TB_UP_HAS, TB_UP_POS, TB_UP, up, n_up)
 
 
 @numba.njit(cache=True, inline="always")
-def _seen_target(slots, t):  # type: ignore[no-untyped-def]
-    """Whether a read slot before ``t`` has ``t``'s target level."""
-    for u in range(t):
-        if not slots[u, SL_RW] and slots[u, SL_TARGET] == slots[t, SL_TARGET]:
+def _table_put(tab, key, has, pos, col, value, n):  # type: ignore[no-untyped-def]
+    """``tab[key, col] = value`` in a ramp table; returns the next position.
+
+    A key new to the table (flag column ``has``) takes position ``n`` (column ``pos``).
+    """
+    if not tab[key, has]:
+        tab[key, has] = 1
+        tab[key, pos] = n
+        n += 1
+    tab[key, col] = value
+    return n
+
+
+@numba.njit(cache=True, inline="always")
+def read_target_seen(rows, i, port, target):  # type: ignore[no-untyped-def]
+    """Whether a read row (column ``port`` zero) before ``i`` has ``i``'s ``target`` column.
+
+    A leaf's slots (:func:`_ramp_tables`) or a spatial node's entries
+    (:func:`.compiled_upper.spatial_node`'s ramp-ups).
+    """
+    for u in range(i):
+        if not rows[u, port] and rows[u, target] == rows[i, target]:
             return True
     return False
 
@@ -1183,7 +1187,7 @@ def leaf_tables(out: LeafArrays, leaf: FlatLeaf) -> tuple[PerTensor, PerTensor]:
     return reuse, actual
 
 
-def _merged_cost(row: Any) -> Cost:
+def merged_cost(row: Any) -> Cost:
     """A merged level cost of the kernel as a :class:`~.records.Cost` without its vectors."""
     c = Cost()
     c.compute_time = int(row[LO_COMPUTE_TIME])
@@ -1218,7 +1222,7 @@ def to_leaf_result(out: LeafArrays, leaf: FlatLeaf, flat: FlatArch) -> LeafResul
         tag=leaf.tags[int(r[AC_TAG])], op_type=op.op_type, rmw=bool(r[AC_RMW]),
         tid=int(r[AC_TID]), mac_pj=float(acc_pj[-1, AP_MAC]),
     ))  # fmt: skip
-    merged = {flat.names[g]: [_merged_cost(out.lvl[g, 0]), _merged_cost(out.lvl[g, 1])]
+    merged = {flat.names[g]: [merged_cost(out.lvl[g, 0]), merged_cost(out.lvl[g, 1])]
               for g in range(len(flat.names)) if out.lvl[g, 0, LO_PRESENT]}  # fmt: skip
     down = up = None
     if slots[:, SL_RW].any():

@@ -722,24 +722,31 @@ def template_values(flat: FlatTree, const: dict[str, Any]) -> Ints:
 
 
 def plain_rows(
-    flat: FlatTree, consts: Sequence[dict[str, Any]]
+    flat: FlatTree,
+    consts: Sequence[dict[str, Any]],
+    plans: dict[frozenset[str], _PlainPlan] | None = None,
 ) -> tuple[list[Sequence[int]], list[int]]:
     """:func:`template_values` of each of ``consts`` that takes its fast path, and their indices.
 
     A constants dict whose shape constants name what the template's do and whose texts all
     take :func:`_plain_values`' path gives the same values as :func:`template_values`; the
     others are not given (``template_values`` raises for them or resolves them in full). The
-    texts are read through a :class:`_PlainPlan` per key set (a search's dicts share one).
+    texts are read through a :class:`_PlainPlan` per key set (a search's dicts share one),
+    kept in ``plans`` across calls when given.
     """
     tpl = flat.template
     if tpl is None:
         return [], []
+    plans = {} if plans is None else plans
     rows: list[Sequence[int]] = []
     kept: list[int] = []
     plan: _PlainPlan | None = None
     for i, const in enumerate(consts):
         if plan is None or const.keys() != plan.keys:
-            plan = _PlainPlan(tpl.texts.texts, flat.shape_consts, const)
+            keys = frozenset(const)
+            plan = plans.get(keys)
+            if plan is None:
+                plan = plans[keys] = _PlainPlan(tpl.texts.texts, flat.shape_consts, const)
         vals = plan.values(const)
         if vals is not None:
             rows.append(vals)

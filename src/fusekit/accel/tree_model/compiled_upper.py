@@ -162,7 +162,9 @@ from fusekit.accel.tree_model.compiled_leaf import (
     _use_up,
     entry_order,
     leaf_kernel,
+    merged_cost,
     moving,
+    read_target_seen,
     router_pj,
     transfer,
 )
@@ -932,7 +934,7 @@ def _keep_ramp_ups(eo, ents, e0, ne, sgkey, kt_row):  # type: ignore[no-untyped-
     sums = np.zeros(ne, dtype=np.int64)  # per read entry opening a target level: its sum
     top = -1
     for e in range(ne):
-        if eo[e, EO_IDX] or _seen(eo, e):
+        if eo[e, EO_IDX] or read_target_seen(eo, e, EO_IDX, EO_TGT):
             continue
         for u in range(e, ne):
             if (
@@ -943,22 +945,13 @@ def _keep_ramp_ups(eo, ents, e0, ne, sgkey, kt_row):  # type: ignore[no-untyped-
                 sums[e] += eo[u, EO_UP]
         top = max(top, sums[e])
     for e in range(ne):
-        if eo[e, EO_IDX] or _seen(eo, e) or sums[e] != top:
+        if eo[e, EO_IDX] or read_target_seen(eo, e, EO_IDX, EO_TGT) or sums[e] != top:
             continue
         for u in range(e, ne):
             if not eo[u, EO_IDX] and eo[u, EO_TGT] == eo[e, EO_TGT]:
                 g = sgkey[ents[e0 + u, E_SLOT]]
                 kt_row[g, KT_UP_HAS] = 1
                 kt_row[g, KT_UP] = eo[u, EO_UP]
-
-
-@numba.njit(cache=True, inline="always")
-def _seen(eo, e):  # type: ignore[no-untyped-def]
-    """Whether a read entry before ``e`` has ``e``'s target level."""
-    for u in range(e):
-        if not eo[u, EO_IDX] and eo[u, EO_TGT] == eo[e, EO_TGT]:
-            return True
-    return False
 
 
 @numba.njit(cache=True, inline="always")
@@ -1466,13 +1459,8 @@ class TreeResult:
 
 def _cost(row: Any) -> Cost:
     """A level cost of the kernel as a :class:`~.records.Cost` without its vectors."""
-    c = Cost()
-    c.compute_time = int(row[LO_COMPUTE_TIME])
-    c.reuse = int(row[LO_REUSE])
-    c.cumm = int(row[LO_CUMM])
+    c = merged_cost(row)
     c.cumm_stall = int(row[LU_CUMM_STALL])
-    c.ramp_up = int(row[LO_RAMP_UP])
-    c.ramp_down = int(row[LO_RAMP_DOWN])
     return c
 
 
