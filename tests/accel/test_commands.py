@@ -1,78 +1,138 @@
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fusekit.accel import Fusion, Mapping, gemm_softmax, to_tree
+from fusekit.accel.comet.space import Scored, Space, label
 from fusekit.accel.commands import app
-from fusekit.accel.mapping import tree_to_dict
+from fusekit.accel.compat import Compat
+from fusekit.accel.mapper import explore, objective_key, op_chain, pareto
+from fusekit.hw import load
+from fusekit.hw.cpu_gpu import plain
 
 runner = CliRunner()
+EXAMPLES = Path(__file__).resolve().parents[2] / "src/fusekit/accel/comet/examples"
+SMALL = ["-M", "64", "-N", "64", "-K", "32"]
 
 
-def test_explore_json(tmp_path):
+def _edge() -> dict:
+    return plain(load("edge").comet_arch)
+
+
+def _s(cycles: int | None, energy: float | None) -> Scored:
+    return Scored({"M": (cycles or 0,)}, cycles, energy)
+
+
+def test_pareto_keeps_only_undominated_tilings():
+    pts = [_s(10, 5.0), _s(12, 4.0), _s(12, 6.0), _s(9, 9.0), _s(20, 4.0), _s(None, None)]
+    front = pareto(pts)
+    assert [(s.total_cycles, s.total_energy_pj) for s in front] == [(9, 9.0), (10, 5.0), (12, 4.0)]
+    for s in pts:
+        if s.total_cycles is None or s in front:
+            continue
+        assert any(
+            f.total_cycles <= s.total_cycles and f.total_energy_pj <= s.total_energy_pj
+            for f in front
+        )
+
+
+def test_objective_keys_rank_by_their_term():
+    a, b = _s(10, 8.0), _s(12, 4.0)
+    assert min([a, b], key=objective_key("latency")) is a
+    assert min([a, b], key=objective_key("energy")) is b
+    assert min([a, b], key=objective_key("edp")) is b  # 48 < 80
+    with pytest.raises(ValueError, match="objective"):
+        objective_key("area")
+
+
+def test_op_chain_names_ops_and_collectives_in_order():
+    chain = op_chain(Space.builtin("gemm_softmax", _edge()).mapping_doc)
+    assert chain == ("GEMM", "ROWMAX", "allreduce(max)", "SUB", "EXP1", "allreduce(add)",
+                     "ROWSUM", "DIV")  # fmt: skip
+
+
+def test_explore_front_best_and_the_unfused_baseline():
+    dims = {"M": 64, "N": 64, "K": 32}
+    sp = Space.builtin("gemm_softmax", _edge())
+    ex = explore(sp, dims, "gemm_softmax", compiled=False)
+    ok = [s for s in ex.result.scored if s.total_cycles is not None]
+    assert ex.result.pruned == 0 and len(ok) + ex.result.rejected == ex.result.tilings
+    assert ex.best.total_cycles == min(s.total_cycles for s in ok)
+    assert ex.front[0].total_cycles == ex.best.total_cycles
+    assert ex.front == pareto(ok)
+    # the baseline: the kernels' sums at the best tiling, each kernel its own template
+    g = Space.builtin("gemm", _edge()).score(ex.best.tiling, dims, Compat())
+    s = Space.builtin("softmax", _edge()).score(ex.best.tiling, dims, Compat())
+    assert ex.unfused_cycles == g.total_cycles + s.total_cycles
+    assert ex.speedup == ex.unfused_cycles / ex.best.total_cycles
+    # a latency search stopped at the lower bound finds the same best, without a front
+    pruned = explore(sp, dims, "gemm_softmax", front=False, compiled=False)
+    assert pruned.best == ex.best and pruned.front == () and pruned.result.pruned > 0
+    energy = explore(sp, dims, "gemm_softmax", objective="energy", compiled=False)
+    assert energy.best.total_energy_pj == min(s.total_energy_pj for s in ok)
+    assert energy.best in energy.front
+
+
+def test_explore_json_and_plot(tmp_path):
     plot = tmp_path / "pareto.png"
-    args = ["explore", "gemm_softmax", "-M", "64", "-N", "64", "-K", "32", "--json"]
-    result = runner.invoke(app, [*args, "--plot", str(plot)])
+    result = runner.invoke(app, ["explore", "gemm_softmax", *SMALL, "--json", "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["best"]["latency_cycles"] > 0
-    assert {"unfused", "fused_gb", "fused_cluster"} <= set(data["best_by_fusion"])
-    assert any("all_reduce" in o["kind"] for o in data["best"]["ops"]) or data["best"]["ops"]
-    assert plot.stat().st_size > 0
+    best = data["best"]
+    assert best["total_cycles"] == min(p["total_cycles"] for p in data["pareto"])
+    assert {"GEMM", "ROWMAX", "ALLREDUCE-12"} <= set(best["cycles"])
+    assert data["unfused"]["speedup"] == data["unfused"]["total_cycles"] / best["total_cycles"]
+    assert [k["kernel"] for k in data["unfused"]["kernels"]] == ["gemm", "softmax"]
+    assert data["chain"][0] == "GEMM" and plot.stat().st_size > 0
 
 
-def test_explore_table():
+def test_explore_tables_and_errors():
     result = runner.invoke(app, ["explore", "attention", "-M", "16", "-N", "64", "-K", "16"])
     assert result.exit_code == 0, result.output
-    assert "Pareto front" in result.output and "speedup vs unfused" in result.output
-
-
-def test_eval_mapping_yaml(tmp_path):
-    p = gemm_softmax(64, 64, 32)
-    m = Mapping(Fusion.FUSED_GB, 1, 4, 8, 16, 32, ("m", "n", "k"))
-    doc = {
-        "problem": {"kind": "gemm_softmax", "M": 64, "N": 64, "K": 32},
-        "accelerator": "edge",
-        "mapping": tree_to_dict(to_tree(p, m)),
-    }
-    f = tmp_path / "mapping.yaml"
-    f.write_text(yaml.safe_dump(doc, sort_keys=False))
-    result = runner.invoke(app, ["eval", str(f), "--json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
-    assert data["mapping"] == m.label()
-    assert [o["name"] for o in data["ops"]][:3] == ["S", "X", "X.all_reduce(max)"]
-    result = runner.invoke(app, ["eval", str(f)])
-    assert result.exit_code == 0 and "Energy by part" in result.output
-
-
-def test_eval_bad_mapping_names_the_node(tmp_path):
-    f = tmp_path / "bad.yaml"
-    f.write_text(
-        "problem: {kind: gemm_softmax, M: 64, N: 64, K: 32}\n"
-        "mapping: {tile: {level: dram, temporal: {m: 0}}, child: {op: S}}\n"
-    )
-    result = runner.invoke(app, ["eval", str(f)])
-    assert result.exit_code != 0
-    assert "mapping.tile.temporal" in str(result.exception)
+    assert "Fused against unfused" in result.output and "Cycles per unit" in result.output
+    assert "Pareto front" not in result.output  # pruned: no front
+    bad = runner.invoke(app, ["explore", "gemm", *SMALL, "--space", "fusekit"])
+    assert "retired" in str(bad.exception)
+    bad = runner.invoke(app, ["explore", "conv", *SMALL])
+    assert "built-in op" in str(bad.exception)
 
 
 def test_explore_writes_the_mapping_eval_reads(tmp_path):
-    f = tmp_path / "best" / "m.yaml"
-    args = ["explore", "gemm_layernorm", "-M", "64", "-N", "64", "-K", "32", "--json"]
-    result = runner.invoke(app, [*args, "--write-mapping", str(f)])
+    out = tmp_path / "best"
+    args = ["explore", "gemm_layernorm", *SMALL, "--json", "--write-mapping", str(out)]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     best = json.loads(result.output)["best"]
-    again = runner.invoke(app, ["eval", str(f), "--json"])
-    assert again.exit_code == 0, again.output
-    data = json.loads(again.output)
-    assert data["mapping"] == best["mapping"]
-    assert data["latency_cycles"] == best["latency_cycles"]
-    assert data["energy_pj"] == best["energy_pj"]
-    examples = Path(__file__).resolve().parents[2] / "src/fusekit/accel/examples"
-    for op in ("gemm", "gemm_softmax", "gemm_layernorm", "attention"):  # one shipped per op
-        shipped = runner.invoke(app, ["eval", str(examples / f"{op}_edge.yaml"), "--json"])
-        assert shipped.exit_code == 0, shipped.output
-        assert json.loads(shipped.output)["latency_cycles"] > 0
+    own = yaml.safe_load((out / "fusekit.yaml").read_text())
+    assert label({d: tuple(v) for d, v in own["tiling"].items()}) == best["tiling"]
+    for path in (out, out / "tree.yaml"):
+        again = runner.invoke(app, ["eval", str(path), "--json"])
+        assert again.exit_code == 0, again.output
+        data = json.loads(again.output)
+        assert data["total_cycles"] == best["total_cycles"]
+        assert data["total_energy_pj"] == pytest.approx(best["total_energy_pj"], rel=1e-12)
+
+
+@pytest.mark.parametrize("op", ["gemm", "gemm_softmax", "gemm_layernorm", "attention"])
+def test_shipped_example_per_op_evaluates(op):
+    shipped = runner.invoke(app, ["eval", str(EXAMPLES / f"{op}_edge"), "--json"])
+    assert shipped.exit_code == 0, shipped.output
+    assert json.loads(shipped.output)["total_cycles"] > 0
+
+
+def test_label_spelling_is_comets():
+    assert label({"M": (1, 2), "N": (3, 4), "K": (5, 6)}) == "M=1x2 N=3x4 K=5x6"
+
+
+@pytest.mark.parametrize("op", ["gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax"])
+def test_formulas_follow_the_templates_chain(op):
+    from fusekit.accel.comet.templates import formulas
+
+    assert tuple(f[0] for f in formulas(op)) == op_chain(Space.builtin(op, _edge()).mapping_doc)
+
+
+def test_an_extent_no_tiling_can_split_is_named():
+    result = runner.invoke(app, ["explore", "gemm_softmax", "-M", "3", "-N", "5", "-K", "7"])
+    assert "N=5 is not a multiple of 16" in str(result.exception)

@@ -30,7 +30,7 @@ def test_tour_writes_sections_of_existing_parts_only(tmp_path, monkeypatch):
     if "sparse" in parts:  # FuseFlow's fusion table is a table, not a paragraph of cells
         assert '<div class="tabletitle">Fusion table of the GCN' in page
     if "accel" in parts:  # the chosen mapping's ops are named in index notation
-        assert "X[m] = max_n S[m,n]" in page
+        assert "D[m] = max_n C[m,n]" in page
     if "networks" in parts:  # the HF model decodes the same tokens through every experts impl
         assert "same tokens" in page and "DIFFERENT tokens" not in page
     if "stitch" in parts:  # training through torch.compile(backend="fusekit") beside eager

@@ -145,23 +145,6 @@ def test_unknown_stitch_model_lists_what_exists():
 VEC_MUL_GV = ROOT.parent / "shared" / "data" / "sam_graphs" / "vec_elemmul.gv"  # x = b * c
 
 
-def _mapping_yaml(tmp: Path) -> Path:
-    import yaml
-
-    from fusekit.accel import Fusion, Mapping, gemm_softmax, to_tree
-    from fusekit.accel.mapping import tree_to_dict
-
-    m = Mapping(Fusion.FUSED_GB, 1, 4, 8, 16, 32, ("m", "n", "k"))
-    doc = {
-        "problem": {"kind": "gemm_softmax", "M": 64, "N": 64, "K": 32},
-        "accelerator": "edge",
-        "mapping": tree_to_dict(to_tree(gemm_softmax(64, 64, 32), m)),
-    }
-    path = tmp / "mapping.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def _sam_graph(tmp: Path) -> list[str]:
     import numpy as np
 
@@ -197,7 +180,7 @@ JSON_RUNS = {
     "stitch plan": "stitch plan bias_gelu",  # the HiGHS banner used to land on stdout here
     "stitch bench": pytest.param("stitch bench bias_gelu --repeats 1", marks=SLOW),
     "accel explore": "accel explore -M 64 -N 64 -K 32",
-    "accel eval": "accel eval {mapping}",
+    "accel eval": f"accel eval {COMET_CASE / 'tree.yaml'}",
     "accel comet": f"accel comet {COMET_CASE}",
     "sparse simulate": pytest.param("sparse simulate autoencoder", marks=SLOW),
     "sparse explore": pytest.param("sparse explore autoencoder --top 1", marks=SLOW),
@@ -209,9 +192,7 @@ JSON_RUNS = {
 def _expand(args: str, tmp: Path) -> list[str]:
     out: list[str] = []
     for a in args.split():
-        if a == "{mapping}":
-            out.append(str(_mapping_yaml(tmp)))
-        elif a == "{sam}":
+        if a == "{sam}":
             out += _sam_graph(tmp)
         elif a == "{vectors}":
             out += _vectors(tmp)

@@ -1,8 +1,8 @@
 """Hostile and careless user files: every one fails fast, as one line naming the file.
 
-The loaders of hardware descriptions (``fusekit hw show``), accel problems and mappings
-(``fusekit accel explore`` / ``eval``), COMET runs and fusekit's tree form (``fusekit accel
-comet``) all read through :mod:`fusekit.files`. Alias bombs, deep nesting and recursive aliases
+The loaders of hardware descriptions (``fusekit hw show``, ``fusekit accel explore --hw``),
+COMET runs and fusekit's tree form (``fusekit accel explore --template``, ``eval``, ``comet``)
+all read through :mod:`fusekit.files`. Alias bombs, deep nesting and recursive aliases
 run the real command in a subprocess with a timeout, so that a hang or a crash is a failure and
 not a stuck test session; the subprocess reports how long the command itself took.
 """
@@ -20,11 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fusekit.accel import Fusion, Mapping, gemm_softmax, to_tree
 from fusekit.accel.comet import CometInputError
 from fusekit.accel.comet import evaluate as comet_evaluate
-from fusekit.accel.mapping import load_mapping_file, tree_to_dict
-from fusekit.accel.problem import load_problem
 from fusekit.cli import main
 from fusekit.errors import ConfigError
 from fusekit.files import (
@@ -140,7 +137,7 @@ def commands(tmp_path: Path, text: str) -> dict[str, tuple[list[str], Path]]:
     case = comet_dir(tmp_path, "mapping", text)
     return {
         "hw show": (["hw", "show", str(f)], f),
-        "accel explore": (["accel", "explore", str(f)], f),
+        "accel explore": (["accel", "explore", "--template", str(case)], case / "mapping.yaml"),
         "accel explore --hw": (["accel", "explore", "gemm", "--hw", str(f)], f),
         "accel eval": (["accel", "eval", str(f)], f),
         "accel comet tree": (["accel", "comet", str(f)], f),
@@ -239,14 +236,16 @@ BYTES_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(BYTES_CASES))
-@pytest.mark.parametrize("command", ["hw show", "accel explore", "accel eval", "accel comet tree"])
+@pytest.mark.parametrize(
+    "command", ["hw show", "accel explore --hw", "accel eval", "accel comet tree"]
+)
 def test_unreadable_files_are_one_line(tmp_path, capsys, case, command):
     data, words = BYTES_CASES[case]
     f = tmp_path / "bad.yaml"
     f.write_bytes(data)
     args = {
         "hw show": ["hw", "show"],
-        "accel explore": ["accel", "explore"],
+        "accel explore --hw": ["accel", "explore", "gemm", "--hw"],
         "accel eval": ["accel", "eval"],
         "accel comet tree": ["accel", "comet"],
     }[command]
@@ -264,82 +263,6 @@ def test_unreadable_comet_file_is_one_line(tmp_path, capsys, case):
 
 
 # ---- accel files: unknown keys (top level and nested) and numbers ----
-
-
-GEMM_PROBLEM = "kind: gemm\nM: 64\nN: 64\nK: 32\n"
-CHAIN_PROBLEM = "name: c\ndims: {m: 8, n: 8, k: 8}\nops: ['S[m,n] += A[m,k] * B[k,n]']\n"
-
-
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [
-        (GEMM_PROBLEM + "colour: red\n", ["colour", "unknown field"]),
-        (CHAIN_PROBLEM + "extra: {a: 1}\n", ["extra", "unknown field"]),
-        (GEMM_PROBLEM.replace("M: 64", "M: -64"), ["M", "greater than 0"]),
-        (GEMM_PROBLEM.replace("M: 64", "M: .inf"), ["non-finite"]),
-        (GEMM_PROBLEM.replace("M: 64", "M: 6.5"), ["M", "integer"]),
-        (CHAIN_PROBLEM.replace("m: 8", "m: 0"), ["extent of 'm'"]),
-        (CHAIN_PROBLEM.replace("m: 8", "m: .nan"), ["non-finite"]),
-        (CHAIN_PROBLEM.replace("ops: [", "ops: ['" + "x" * 5000 + "', "), ["ops"]),
-    ],
-)
-def test_bad_problem_files(tmp_path, capsys, text, words):
-    f = tmp_path / "p.yaml"
-    f.write_text(text)
-    with pytest.raises(ConfigError):
-        load_problem(f)
-    assert_one_line(*cli_in_process(["accel", "explore", str(f)], capsys), f, *words)
-
-
-def mapping_doc() -> dict:
-    """A valid mapping file: GEMM-Softmax fused in the global buffer on ``edge``."""
-    flat = Mapping(Fusion.FUSED_GB, 1, 4, 8, 16, 32, ("m", "n", "k"))
-    return {
-        "problem": {"kind": "gemm_softmax", "M": 64, "N": 64, "K": 32},
-        "accelerator": "edge",
-        "mapping": tree_to_dict(to_tree(gemm_softmax(64, 64, 32), flat)),
-    }
-
-
-def _set(doc: dict, path: str, value: object) -> dict:
-    *parents, last = path.split(".")
-    node = doc
-    for key in parents:
-        node = node[key]
-    node[last] = value
-    return doc
-
-
-@pytest.mark.parametrize(
-    ("path", "value", "words"),
-    [
-        ("colour", "red", ["unknown field 'colour'"]),
-        ("problem.colour", "red", ["problem", "colour", "unknown field"]),
-        ("mapping.colour", "red", ["mapping", "unexpected keys"]),
-        ("mapping.tile.colour", "red", ["mapping.tile", "expected level"]),
-        ("mapping.child.colour", "red", ["mapping.child", "unexpected keys"]),
-        ("mapping.tile.temporal.m", -1, ["temporal", "int >= 1"]),
-        ("mapping.tile.temporal.m", 1.5, ["temporal", "int >= 1"]),
-        ("accelerator", {"kind": "gpu"}, ["accelerator", "preset name or file"]),
-        ("problem.M", 0, ["problem", "M"]),
-    ],
-)
-def test_bad_mapping_files(tmp_path, capsys, path, value, words):
-    f = tmp_path / "m.yaml"
-    f.write_text(json.dumps(_set(mapping_doc(), path, value)))  # JSON is YAML
-    if not path.startswith("problem."):
-        with pytest.raises(ConfigError):
-            load_mapping_file(f)
-    assert_one_line(*cli_in_process(["accel", "eval", str(f)], capsys), f, *words)
-
-
-def test_a_good_mapping_file_still_evaluates(tmp_path, capsys):
-    f = tmp_path / "m.yaml"
-    f.write_text(json.dumps(mapping_doc()))
-    with pytest.raises(SystemExit) as info:
-        main(["accel", "eval", str(f), "--json"])
-    assert info.value.code == 0
-    assert json.loads(capsys.readouterr().out)["latency_cycles"] > 0
 
 
 def tree_doc() -> dict:

@@ -1,13 +1,12 @@
-"""Compound ops on multi-cluster spatial accelerators (COMET, arXiv 2509.00599).
+"""Compound ops on multi-cluster spatial accelerators (COMET, arXiv 2509.00599): one cost model.
 
-Pipeline: problem (:mod:`.problem`) -> candidates (:mod:`.candidates`) -> cost model
-(:mod:`.model`, a recipe of the per-unit terms of :mod:`.units`, with :mod:`.collectives` and
-the Timeloop-style :mod:`.nest`) -> search (:mod:`.search`, pruned by :mod:`.bound`) -> report
-(``fusekit accel explore``).
-
-COMET's own mappings: a general mapping tree (:mod:`.tree`) and its staged cost model
-(:mod:`.tree_model`, with :mod:`.noc`, :mod:`.orion` and the named defects of :mod:`.compat`);
-:mod:`.comet` reads COMET's files into it and searches COMET's tiling space.
+A mapping is a tree (:mod:`.tree`: a hierarchy of spatial levels, an op chain, tile, op,
+binding and collective nodes) evaluated by the staged tree cost model (:mod:`.tree_model`, with
+:mod:`.noc`, :mod:`.orion` and the named defects of :mod:`.compat`; its compiled twin scores
+large spaces). :mod:`.comet` reads COMET's own files into that tree, writes the built-in ops'
+templates and searches COMET's tiling space; :mod:`.mapper` searches it (best by
+latency, energy or EDP, the Pareto front, COMET's unfused baseline), drawn by :mod:`.plot`
+(``fusekit accel explore``, ``fusekit accel eval``, ``fusekit accel comet``).
 
 Importing this package imports none of its modules; the names below load on first use.
 """
@@ -17,26 +16,14 @@ from __future__ import annotations
 from fusekit.lazy import lazy_getattr
 
 _WHERE = {
-    "Breakdown": "model",
-    "CollectiveKind": "collectives",
-    "Fusion": "mapping",
-    "Group": "collectives",
-    "Mapping": "mapping",
-    "MappingError": "mapping",
-    "Problem": "problem",
-    "SearchResult": "search",
-    "attention": "problem",
-    "check_mapping": "mapping",
-    "collective_cost": "collectives",
-    "enumerate_mappings": "candidates",
-    "evaluate": "model",
-    "explore": "search",
-    "from_tree": "mapping",
-    "gemm": "problem",
-    "gemm_layernorm": "problem",
-    "gemm_softmax": "problem",
-    "make_problem": "problem",
-    "to_tree": "mapping",
+    "Compat": "compat",
+    "Exploration": "mapper",
+    "OBJECTIVES": "mapper",
+    "TreeMapping": "tree",
+    "explore": "mapper",
+    "pareto": "mapper",
+    "tree_from_dict": "tree",
+    "tree_to_dict": "tree",
 }
 
 __all__ = sorted(_WHERE)

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from rich.progress import TaskID
 
-from fusekit.accel.mapping import Fusion, Mapping, from_tree, load_mapping_file, to_tree
-from fusekit.accel.mapping import tree_to_dict as mapping_to_dict
-from fusekit.accel.model import Breakdown, evaluate
-from fusekit.accel.plot import draw_pareto
-from fusekit.accel.problem import KINDS, Problem, load_problem, problem_from_dict
-from fusekit.accel.search import OBJECTIVES, Scored, SearchResult
-from fusekit.accel.search import explore as run_explore
 from fusekit.console import print_json, print_table, progress
-from fusekit.errors import ConfigError
-from fusekit.files import load_yaml_mapping
 from fusekit.hw import Accelerator, load
 from fusekit.hw.cpu_gpu import plain
-from fusekit.search import LocalExecutor
+
+if TYPE_CHECKING:
+    from fusekit.accel.mapper import Exploration
 
 app = typer.Typer(
     help="Compound ops (GEMM-Softmax, GEMM-LayerNorm, attention) on multi-cluster accelerators: "
-    "latency, energy, collectives and a mapping explorer.",
+    "COMET's mapping space searched and every mapping evaluated by one tree cost model "
+    "(cycles per unit, energy per level, collectives).",
     no_args_is_help=True,
 )
 
@@ -34,44 +26,20 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 MAX_EXTENT = 2**24
 
 
-def _breakdown_rows(b: Breakdown) -> list[tuple[Any, ...]]:
-    return [(o.name, o.kind, o.cycles, o.energy_pj / 1e6, o.dram_words) for o in b.ops]
-
-
-def _breakdown_json(b: Breakdown) -> dict[str, Any]:
-    return {
-        "latency_cycles": b.latency_cycles,
-        "energy_pj": b.energy_pj,
-        "dram_words": b.dram_words,
-        "energy_by_part_pj": dict(b.energy_by_part_pj),
-        "ops": [
-            {
-                "name": o.name,
-                "kind": o.kind,
-                "cycles": o.cycles,
-                "energy_pj": o.energy_pj,
-                "dram_words": o.dram_words,
-            }
-            for o in b.ops
-        ],
-    }
-
-
-def _pareto_plot(path: Path, result: SearchResult, best: Scored, title: str) -> None:
-    import matplotlib.pyplot as plt  # matplotlib loads only when a plot is asked for
-
-    bests = {f: per["latency"] for f, per in result.best_by_fusion.items()}
-    fig = draw_pareto(title, result.pareto, bests, best)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+#: The ops ``explore`` knows (COMET templates fusekit writes; ``softmax`` and ``layernorm`` alone
+#: are the second kernels of an unfused baseline).
+OPS = ("gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax", "layernorm")
 
 
 @app.command()
 def explore(
     problem: Annotated[
-        str, typer.Argument(help="gemm, gemm_softmax, gemm_layernorm, attention, or a YAML file.")
+        str,
+        typer.Argument(help=f"Built-in op: {', '.join(OPS)} (ignored with --template)."),
     ] = "gemm_softmax",
-    hw: Annotated[str, typer.Option(help="Accelerator preset or YAML file.")] = "edge",
+    hw: Annotated[str, typer.Option(help="Accelerator preset or YAML file (its comet_arch).")] = (
+        "edge"
+    ),
     m: Annotated[int, typer.Option("-M", help="Rows (queries).", min=1, max=MAX_EXTENT)] = 256,
     n: Annotated[int, typer.Option("-N", help="Columns (keys).", min=1, max=MAX_EXTENT)] = 256,
     k: Annotated[
@@ -79,139 +47,66 @@ def explore(
     ] = 128,
     objective: Annotated[str, typer.Option(help="latency, energy or edp.")] = "latency",
     workers: Annotated[int, typer.Option(help="Worker processes.", min=1)] = 1,
-    top: Annotated[int, typer.Option(help="Rows of the Pareto table.", min=1)] = 10,
-    plot: Annotated[Path | None, typer.Option(help="Write the Pareto plot (PNG) here.")] = None,
+    top: Annotated[int, typer.Option(help="Rows of the tilings and Pareto tables.", min=1)] = 10,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the latency-energy plot (PNG) here.")
+    ] = None,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="A latency search stops at the lower bound (same best; no Pareto front). "
+            "--plot, an energy or edp objective, or --no-prune score every tiling."
+        ),
+    ] = True,
     space: Annotated[
-        str, typer.Option(help="fusekit (flat knobs) or comet (COMET's 8-level tilings).")
-    ] = "fusekit",
+        str, typer.Option(help="comet: COMET's 8-level tilings (the one space).")
+    ] = "comet",
     template: Annotated[
         Path | None,
         typer.Option(
-            help="--space comet: a COMET run folder to tile (default: the op's built-in "
-            "template on the --hw preset's comet_arch)."
+            help="A COMET run folder to tile (default: the op's built-in template on the "
+            "--hw preset's comet_arch)."
         ),
     ] = None,
     constraints: Annotated[
         Path | None,
-        typer.Option(help="--space comet: COMET constraints YAML (default: read off the arch)."),
+        typer.Option(help="COMET constraints YAML (default: read off the arch)."),
     ] = None,
     write_mapping: Annotated[
         Path | None,
         typer.Option(
-            help="Write the best mapping: with --space comet a folder of COMET's four files + "
-            "fusekit.yaml + tree.yaml; else one YAML file (problem, accelerator, mapping) that "
-            "`accel eval` reads."
+            help="Write the best mapping: a folder of COMET's four files + fusekit.yaml + "
+            "tree.yaml (`accel eval DIR` or `accel eval DIR/tree.yaml` reads it)."
         ),
     ] = None,
+    native: Annotated[
+        bool, typer.Option("--native", help="Generalised model: COMET's defects switched off.")
+    ] = False,
     json: JsonOption = False,
 ) -> None:
-    """Search the mapping space; print the Pareto front and the best mapping's breakdown."""
-    if space == "comet":
-        _explore_comet(problem, template, hw, m, n, k, constraints, write_mapping, workers, json)
-        return
-    if space != "fusekit":
-        raise ValueError(f"accel explore: expected '--space' fusekit or comet (got {space})")
+    """Search COMET's tilings of an op; the best, the Pareto front, fused against unfused.
+
+    Every tiling is a mapping tree scored by the tree cost model, the same that evaluates
+    COMET's own files (`accel comet`); the unfused baseline is COMET's construction (separate
+    kernels, the intermediate through DRAM, the same tiling).
+    """
+    # the tree model imports numpy: loaded when a search is asked for, not at CLI start
+    from fusekit.accel.comet.space import Space, read_constraints
+    from fusekit.accel.compat import Compat
+    from fusekit.accel.mapper import OBJECTIVES
+    from fusekit.accel.mapper import explore as run_explore
+
+    if space != "comet":
+        raise ValueError(
+            f"accel explore: expected '--space' comet (got {space}); the flat knob space and "
+            "its model were retired: every mapping is a tree scored by the tree model"
+        )
     if objective not in OBJECTIVES:
         raise ValueError(f"accel explore: expected '--objective' in {OBJECTIVES} (got {objective})")
-    spec = KINDS[problem](m, n, k) if problem in KINDS else load_problem(problem)
-    target = load(hw)
-    if not isinstance(target, Accelerator):
-        raise ValueError(f"accel explore: expected '--hw' to be an accelerator (got {target.kind})")
-    with LocalExecutor(workers) as ex, progress("accel explore", total=1) as bar:
-        result = run_explore(
-            spec,
-            target,
-            ex,
-            on_chunk=lambda d, t: bar.update(TaskID(0), completed=d, total=t),
+    if template is None and problem not in OPS:
+        raise ValueError(
+            f"accel explore: expected a built-in op in {OPS} or --template RUN_DIR (got {problem})"
         )
-    best = result.best[objective]
-    breakdown = evaluate(spec, target, best.mapping)
-    if write_mapping is not None:
-        _write_flat(write_mapping, problem, m, n, k, hw, spec, best.mapping)
-    by_fusion = {
-        f.value: {"latency_cycles": s["latency"].latency_cycles, "energy_pj": s["energy"].energy_pj}
-        for f, s in result.best_by_fusion.items()
-    }
-    if plot is not None:
-        ops = " -> ".join(
-            f"{st.out}={'+'.join(o for o, _ in st.simd_ops) or st.kind}" for st in spec.stages
-        )
-        _pareto_plot(plot, result, best, f"{spec.name} on {target.name}: {ops}")
-    if json:
-        print_json(
-            {
-                "problem": spec.name,
-                "extents": dict(spec.extents),
-                "hw": target.name,
-                "candidates": result.candidates,
-                "evaluated": result.evaluated,
-                "wall_s": result.wall_s,
-                "best": {"mapping": best.mapping.label(), **_breakdown_json(breakdown)},
-                "best_by_fusion": by_fusion,
-                "pareto": [
-                    {
-                        "mapping": s.mapping.label(),
-                        "latency_cycles": s.latency_cycles,
-                        "energy_pj": s.energy_pj,
-                    }
-                    for s in result.pareto
-                ],
-            }
-        )
-        return
-    print_table(
-        f"Pareto front: {spec.name} {dict(spec.extents)} on {target.name} "
-        f"({result.candidates} mappings, {result.evaluated} evaluated, {result.wall_s:.2f} s)",
-        ("mapping", "latency (cycles)", "energy (uJ)"),
-        [(s.mapping.label(), s.latency_cycles, s.energy_pj / 1e6) for s in result.pareto[:top]],
-    )
-    unfused = result.best_by_fusion.get(Fusion.UNFUSED)
-    rows = [
-        (f.value, s["latency"].latency_cycles, s["energy"].energy_pj / 1e6,
-         unfused["latency"].latency_cycles / s["latency"].latency_cycles if unfused else "-")
-        for f, s in result.best_by_fusion.items()
-    ]  # fmt: skip
-    print_table(
-        "Best per fusion level (unfused: intermediates through DRAM, no pipelining across ops, "
-        "same tiling)",
-        ("fusion", "best latency", "best energy (uJ)", "speedup vs unfused"),
-        rows,
-    )
-    print_table(
-        f"Breakdown of the best by {objective}: {best.mapping.label()}",
-        ("op / collective", "kind", "cycles", "energy (uJ)", "DRAM words"),
-        _breakdown_rows(breakdown),
-    )
-
-
-def _write_flat(
-    path: Path, problem: str, m: int, n: int, k: int, hw: str, spec: Problem, mapping: Mapping
-) -> None:
-    """One mapping as ``accel eval`` reads it: the problem, the accelerator, the tree."""
-    prob = {"kind": problem, "M": m, "N": n, "K": k} if problem in KINDS else None
-    doc = {"problem": prob or load_yaml_mapping(problem), "accelerator": hw,
-           "mapping": mapping_to_dict(to_tree(spec, mapping))}  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {spec.name} on {hw}: {mapping.label()}\n"
-                    + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
-
-
-def _explore_comet(
-    problem: str,
-    template: Path | None,
-    hw: str,
-    m: int,
-    n: int,
-    k: int,
-    constraints: Path | None,
-    write_mapping: Path | None,
-    workers: int,
-    json: bool,
-) -> None:
-    """COMET's 8-level tilings of a run template, every one scored by the tree model."""
-    # the tree model imports numpy: loaded when COMET's space is asked for, not at CLI start
-    from fusekit.accel.comet.space import Space, label, read_constraints
-
     target = load(hw)
     arch = (
         plain(target.comet_arch) if isinstance(target, Accelerator) and target.comet_arch else None
@@ -224,66 +119,121 @@ def _explore_comet(
         sp = Space.builtin(problem, arch)
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
+    compat = Compat.native() if native else Compat()
+    front = plot is not None or objective != "latency" or not prune
     with progress("accel explore: scoring COMET tilings", None):
-        result = sp.search(dims, fixed, workers=workers)
-    best = result.best
-    ok = [s for s in result.scored if s.total_cycles is not None]
+        ex = run_explore(sp, dims, None if template else problem, objective, fixed, workers,
+                         compat, front=front)  # fmt: skip
     if write_mapping is not None:
-        sp.write(write_mapping, best.tiling, dims, hw)
-    record = {
-        "space": "comet",
-        "hw": hw,
-        "extents": dims,
-        "tilings": result.tilings,
-        "rejected": result.rejected,
-        "pruned": result.pruned,
-        "best": {"tiling": label(best.tiling), "total_cycles": best.total_cycles,
-                 "total_energy_pj": best.total_energy_pj},
-        "sample_median_cycles": result.sample_median_cycles,
-        "sample_size": result.sample_size,
-        "speedup_vs_sample_median": result.sample_median_cycles / (best.total_cycles or 1),
-    }  # fmt: skip
+        sp.write(write_mapping, ex.best.tiling, dims, hw)
+    name = problem if template is None else str(template)
+    if plot is not None:
+        _pareto_plot(plot, ex, f"{name} {m}x{n}x{k} on {hw}: COMET's tilings, tree model")
+    from fusekit.accel.tree_model.stages import analyse
+
+    detail = analyse(sp.inputs(ex.best.tiling, dims), compat=compat)
+    record = _explore_json(ex, name, hw, detail)
     if json:
         print_json(record)
         return
+    _explore_tables(ex, name, hw, top, detail)
+
+
+def _pareto_plot(path: Path, ex: Exploration, title: str) -> None:
+    import matplotlib.pyplot as plt  # matplotlib loads only when a plot is asked for
+
+    from fusekit.accel.plot import draw_pareto
+
+    fig = draw_pareto(title, ex)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _scored_json(s: Any) -> dict[str, Any]:
+    from fusekit.accel.comet.space import label
+
+    return {"tiling": label(s.tiling), "total_cycles": s.total_cycles,
+            "total_energy_pj": s.total_energy_pj}  # fmt: skip
+
+
+def _explore_json(ex: Exploration, name: str, hw: str, detail: Any) -> dict[str, Any]:
+    """The search as ``--json`` prints it."""
+    r = ex.result
+    unfused = None
+    if ex.unfused:
+        unfused = {
+            "kernels": [{"kernel": kn.name, "dims": kn.dims, "total_cycles": kn.total_cycles,
+                         "total_energy_pj": kn.total_energy_pj} for kn in ex.unfused],
+            "total_cycles": ex.unfused_cycles, "total_energy_pj": ex.unfused_energy_pj,
+            "speedup": ex.speedup, "energy_ratio": ex.energy_ratio,
+        }  # fmt: skip
+    return {
+        "space": "comet", "problem": name, "hw": hw, "extents": ex.dims,
+        "objective": ex.objective, "chain": list(ex.chain),
+        "tilings": r.tilings, "rejected": r.rejected, "pruned": r.pruned,
+        "best": {**_scored_json(ex.best), "cycles": detail["cycles"],
+                 "energy_pj": detail["energy_pj"]},
+        "pareto": [_scored_json(s) for s in ex.front],
+        "unfused": unfused, "unfused_note": ex.unfused_note or None,
+        "sample_median_cycles": r.sample_median_cycles, "sample_size": r.sample_size,
+        "speedup_vs_sample_median": r.sample_median_cycles / (ex.best.total_cycles or 1),
+    }  # fmt: skip
+
+
+def _explore_tables(ex: Exploration, name: str, hw: str, top: int, detail: Any) -> None:
+    """The search as tables: best tilings, front, fused against unfused, the best's units."""
+    from fusekit.accel.comet.space import label
+    from fusekit.accel.mapper import objective_key
+
+    r = ex.result
+    ok = sorted((s for s in r.scored if s.total_cycles is not None),
+                key=objective_key(ex.objective))  # fmt: skip
     print_table(
-        f"COMET space on {hw}: {dims} ({record['tilings']} tilings, {record['rejected']} "
-        f"rejected, {record['pruned']} pruned by the lower bound)",
+        f"{name} {ex.dims} on {hw}, by {ex.objective}: {r.tilings} tilings, {r.rejected} "
+        f"rejected, {r.pruned} pruned by the lower bound",
         ("tiling (DRAMt.DRAMsx.DRAMsy.GBt.GBsx.GBsy.Coret.Compute)", "cycles", "energy (uJ)"),
-        [(label(s.tiling), s.total_cycles, (s.total_energy_pj or 0) / 1e6)
-         for s in sorted(ok, key=lambda s: s.total_cycles or 0)[:10]],
-    )  # fmt: skip
+        [(label(s.tiling), s.total_cycles, (s.total_energy_pj or 0) / 1e6) for s in ok[:top]],
+    )
+    if ex.front:
+        print_table(
+            f"Pareto front (cycles against energy, {len(ex.front)} tilings)",
+            ("tiling", "cycles", "energy (uJ)"),
+            [(label(s.tiling), s.total_cycles, (s.total_energy_pj or 0) / 1e6)
+             for s in ex.front[:top]],
+        )  # fmt: skip
+    if ex.unfused:
+        rows: list[tuple[Any, ...]] = [
+            (f"unfused: {kn.name}", kn.total_cycles, kn.total_energy_pj / 1e6, "")
+            for kn in ex.unfused
+        ]
+        rows.append(("unfused (sum)", ex.unfused_cycles, (ex.unfused_energy_pj or 0) / 1e6, ""))
+        rows.append(("fused (best)", ex.best.total_cycles, (ex.best.total_energy_pj or 0) / 1e6,
+                     f"{ex.speedup:.2f}x cycles, {ex.energy_ratio:.2f}x energy"))  # fmt: skip
+        print_table(
+            "Fused against unfused (COMET's construction: separate kernels, the intermediate "
+            "through DRAM, the same tiling)",
+            ("kernel", "cycles", "energy (uJ)", "unfused / fused"),
+            rows,
+        )
+    elif ex.unfused_note:
+        print(f"no unfused baseline: {ex.unfused_note}")
     print_table(
         "Best against COMET's sampler (median of a seeded sample of accepted tilings)",
         ("best cycles", "sample median", "speedup"),
-        [(best.total_cycles, record["sample_median_cycles"], record["speedup_vs_sample_median"])],
-    )
-
-
-@app.command("eval")
-def eval_(
-    mapping: Annotated[Path, typer.Argument(help="YAML with problem, accelerator and mapping.")],
-    json: JsonOption = False,
-) -> None:
-    """Evaluate one mapping tree: latency and energy per op and per collective."""
-    data, tree = load_mapping_file(mapping)
-    spec = problem_from_dict(data["problem"], f"{mapping}: problem")
-    target = load(data.get("accelerator", "edge"))
-    if not isinstance(target, Accelerator):
-        raise ConfigError(str(mapping), "accelerator", f"expected an accelerator ({target.kind})")
-    flat = from_tree(spec, tree, target)
-    b = evaluate(spec, target, flat)
-    if json:
-        print_json({"mapping": flat.label(), **_breakdown_json(b)})
-        return
+        [(ex.best.total_cycles, r.sample_median_cycles,
+          r.sample_median_cycles / (ex.best.total_cycles or 1))],
+    )  # fmt: skip
     print_table(
-        f"{spec.name} on {target.name}: {flat.label()} -- {b.latency_cycles:,.0f} cycles, "
-        f"{b.energy_pj / 1e6:,.3f} uJ",
-        ("op / collective", "kind", "cycles", "energy (uJ)", "DRAM words"),
-        _breakdown_rows(b),
+        f"Cycles per unit of the best (COMET's table): {label(ex.best.tiling)}",
+        ("unit", "CS", "OS", "TMW", "total"),
+        [(u, c.get("CS", "-"), c.get("OS", "-"), c.get("TMW", "-"), c["total"])
+         for u, c in detail["cycles"].items()],
+    )  # fmt: skip
+    print_table(
+        f"Energy by level of the best: {detail['total_energy_pj']:,.2f} pJ",
+        ("level", "energy (pJ)"),
+        list(detail["energy_pj"].items()),
     )
-    print_table("Energy by part", ("part", "energy (uJ)"),
-                [(k, v / 1e6) for k, v in b.energy_by_part_pj.items()])  # fmt: skip
 
 
 @app.command("comet")
@@ -349,3 +299,10 @@ def comet(
                 rows.append((f"{pad} {r['type']}", what, "", r.get("cycles", "")))
         print_table("Loop nest (loops per tensor; accesses: level:tensor tiles x elements)",
                     ("node", "loops", "accesses", "cycles"), rows)  # fmt: skip
+
+
+app.command(
+    "eval",
+    help="Evaluate one mapping: fusekit's tree form (the tree.yaml `explore --write-mapping` "
+    "writes) or a COMET run folder, by the tree model; the same as `accel comet`.",
+)(comet)

@@ -1,4 +1,4 @@
-"""The latency-energy plot of a mapping search: the Pareto front, each level's best, the choice.
+"""The latency-energy plot of a mapping search: every tiling, the Pareto front, the choice.
 
 Drawn by ``fusekit accel explore --plot`` and by the report's accel section, so the two show
 the same picture.
@@ -8,29 +8,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fusekit.accel.mapping import Fusion
+from fusekit.accel.comet.space import label
 
 if TYPE_CHECKING:
-    from fusekit.accel.search import Scored
-
-#: Marker and colour of each fusion level in the Pareto plot.
-_STYLE = {
-    Fusion.UNFUSED: ("o", "tab:blue"),
-    Fusion.FUSED_GB: ("s", "tab:orange"),
-    Fusion.FUSED_CLUSTER: ("^", "tab:green"),
-}
+    from fusekit.accel.mapper import Exploration
 
 
-def draw_pareto(
-    title: str, front: tuple[Scored, ...], bests: dict[Fusion, Scored], chosen: Scored
-) -> Any:
-    """Latency against energy: the Pareto front, each level's best, the chosen mapping marked.
+def _wrap(parts: tuple[str, ...], width: int = 100) -> str:
+    """``a -> b -> c`` broken into lines of at most ``width`` characters."""
+    lines, line = [], ""
+    for p in parts:
+        piece = p if not line else f"{line} -> {p}"
+        if line and len(piece) > width:
+            lines.append(line + " ->")
+            line = p
+        else:
+            line = piece
+    return "\n".join([*lines, line])
+
+
+def draw_pareto(title: str, ex: Exploration) -> Any:
+    """Cycles against energy of every accepted tiling; the front, the chosen and the baseline.
 
     Args:
-        title: the axes' title (empty for none).
-        front: the latency-energy Pareto front, by latency.
-        bests: each fusion level's best-latency mapping (those off the front drawn hollow).
-        chosen: the mapping reported, starred and annotated with its label.
+        title: the first line of the title (the op chain, :attr:`Exploration.chain`, follows).
+        ex: the search (its ``front`` empty when pruned: then only the scored tilings show).
 
     Returns:
         The matplotlib figure; its legend lists only series that have a point.
@@ -40,54 +42,40 @@ def draw_pareto(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    lat = [s.latency_cycles for s in front]
-    ax.step(lat, [s.energy_pj / 1e6 for s in front], where="post", color="0.7", lw=1, zorder=1)
-    for fusion, (marker, colour) in _STYLE.items():
-        on = [s for s in front if s.mapping.fusion is fusion]
-        if on:
-            ax.scatter(
-                [s.latency_cycles for s in on],
-                [s.energy_pj / 1e6 for s in on],
-                marker=marker,
-                color=colour,
-                zorder=2,
-                label=f"{fusion.value}, on the front",
-            )
-        best = bests.get(fusion)
-        if best is not None and best not in front:
-            ax.scatter(
-                [best.latency_cycles],
-                [best.energy_pj / 1e6],
-                marker=marker,
-                zorder=2,
-                facecolors="none",
-                edgecolors=colour,
-                label=f"{fusion.value}, best latency",
-            )
-    ax.scatter(
-        [chosen.latency_cycles],
-        [chosen.energy_pj / 1e6],
-        marker="*",
-        s=260,
-        color="gold",
-        edgecolors="black",
-        zorder=3,
-        label="chosen mapping",
-    )
+    fig, ax = plt.subplots(figsize=(8.0, 4.4))
+    ok = [s for s in ex.result.scored if s.total_cycles is not None]
+    ax.scatter([s.total_cycles or 0 for s in ok], [(s.total_energy_pj or 0) / 1e6 for s in ok],
+               s=8, color="0.75", zorder=1, label=f"accepted tilings ({len(ok)})")  # fmt: skip
+    if ex.front:
+        xs = [s.total_cycles or 0 for s in ex.front]
+        ys = [(s.total_energy_pj or 0) / 1e6 for s in ex.front]
+        ax.step(xs, ys, where="post", color="tab:orange", lw=1, zorder=2)
+        ax.scatter(xs, ys, marker="s", s=22, color="tab:orange", zorder=3,
+                   label=f"Pareto front ({len(ex.front)})")  # fmt: skip
+    best = ex.best
+    if ex.unfused_cycles is not None and ex.unfused_energy_pj is not None:
+        ax.scatter([ex.unfused_cycles], [ex.unfused_energy_pj / 1e6], marker="o", s=70,
+                   facecolors="none", edgecolors="tab:blue", zorder=3,
+                   label="unfused, same tiling (COMET's construction)")  # fmt: skip
+        ax.annotate(f"{ex.speedup:.2f}x cycles, {ex.energy_ratio:.2f}x energy",
+                    (ex.unfused_cycles, ex.unfused_energy_pj / 1e6), xytext=(8, -14),
+                    textcoords="offset points", fontsize=7, color="tab:blue")  # fmt: skip
+    ax.scatter([best.total_cycles or 0], [(best.total_energy_pj or 0) / 1e6], marker="*", s=260,
+               color="gold", edgecolors="black", zorder=4,
+               label=f"chosen (best {ex.objective})")  # fmt: skip
     ax.annotate(
-        f"chosen: {chosen.mapping.label()}\n{chosen.latency_cycles:,.0f} cycles, "
-        f"{chosen.energy_pj / 1e6:,.1f} uJ",
-        (chosen.latency_cycles, chosen.energy_pj / 1e6),
-        xytext=(18, 14), textcoords="offset points", fontsize=8,
+        f"chosen: {label(best.tiling)}\n{best.total_cycles:,} cycles, "
+        f"{(best.total_energy_pj or 0) / 1e6:,.2f} uJ",
+        (best.total_cycles or 0, (best.total_energy_pj or 0) / 1e6),
+        xytext=(18, 14), textcoords="offset points", fontsize=7,
         bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"},
         arrowprops={"arrowstyle": "->", "color": "0.3"},
     )  # fmt: skip
+    ax.set_xscale("log")
     ax.set_xlabel("latency (cycles)")
     ax.set_ylabel("energy (uJ)")
     ax.margins(x=0.08, y=0.15)
     ax.grid(alpha=0.3)
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(f"{title}\n{_wrap(ex.chain)}" if title else _wrap(ex.chain), fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig

@@ -8,10 +8,8 @@ cost model (:mod:`fusekit.accel.tree_model`), COMET's defects switched on
 per-level energies. :mod:`.space` searches COMET's tiling space, :mod:`.templates` holds the
 built-in ops' templates and :mod:`.fusion` COMET's unfused baseline.
 
-Not yet one model: the mapper (``fusekit accel explore``) still ranks flat
-:class:`fusekit.accel.Mapping` knobs with :func:`fusekit.accel.model.evaluate`; the tree model
-here evaluates any tree, but the explorer does not enumerate trees and ``to_tree`` does not build
-this tree kind.
+The mapper (:mod:`fusekit.accel.mapper`, ``fusekit accel explore``) searches that space;
+the tree model is fusekit's only accel cost model.
 
 Importing this package imports none of its modules (nor numpy); the names below load on use.
 """

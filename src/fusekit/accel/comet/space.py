@@ -417,11 +417,19 @@ class Space:
                 ``None``: compiled for a space of at least ``COMPILED_MIN_TILINGS`` tilings.
 
         Raises:
-            ValueError: no tiling passes the fit check.
+            ValueError: no tiling meets the constraints, or none passes the fit check.
         """
         compat = compat or Compat()
         fixed = fixed if fixed is not None else arch_constraints(self.arch)
         tilings = self.tilings(dims, fixed)
+        if not tilings:
+            need = {d: math.prod(fixed.get(d, {}).values()) for d in dims}
+            bad = ", ".join(f"{d}={v} is not a multiple of {need[d]}" for d, v in dims.items()
+                            if v % need[d])  # fmt: skip
+            raise ValueError(
+                f"comet space: no tiling of {dims} meets the constraints (an extent must be a "
+                f"multiple of the product of its fixed factors): {bad}"
+            )
         use_compiled = len(tilings) >= COMPILED_MIN_TILINGS if compiled is None else compiled
         bounds = [self.lower_bound(t, dims, compat) for t in tilings]
         order = sorted(range(len(tilings)), key=lambda i: bounds[i])

@@ -263,3 +263,43 @@ def write_template(op: str, out_dir: str | Path, arch: dict[str, Any]) -> Path:
     (d / "problem.yaml").write_text(yaml.safe_dump(problem(op), **dump))
     (d / "mapping.yaml").write_text(yaml.safe_dump(mapping(op), **dump))
     return d
+
+
+def _indexed(t: str, ops: list[SimdOp]) -> str:
+    return f"{t}[{','.join(d.lower() for d in _shape(t, ops))}]"
+
+
+def formulas(op: str) -> list[tuple[str, str, str]]:
+    """Built-in op ``op``'s steps in tree order: (name, unit, index notation).
+
+    ``("ROWMAX", "SIMD", "D[m] = max_n C[m,n]")``; the collectives as
+    ``("allreduce(max)", "NoC", "D[m] reduced (max) across the N split")``.
+    """
+    if op not in CHAINS:
+        raise ValueError(f"comet templates: expected 'op' in {sorted(CHAINS)} (got {op!r})")
+    chain = CHAINS[op]
+    ops = [o for g in chain if not isinstance(g[0], str) for o in g]
+    out = [] if op in ALONE else [("GEMM", "GEMM engine", "C[m,n] = sum_k A[m,k] B[k,n]")]
+    sign = {"SUB": "-"}
+    for group in chain:
+        if isinstance(group[0], str):
+            _, red, tensor = group
+            t = _indexed(tensor, ops)
+            out.append((f"allreduce({red})", "NoC", f"{t} reduced ({red}) across the N split"))
+            continue
+        for o in group:
+            ins = [_indexed(t, ops) for t in o.ins]
+            if o.kind in ("rowmax", "rowsum"):
+                rhs = f"{'max' if o.kind == 'rowmax' else 'sum'}_n {ins[0]}"
+            elif o.kind in ("exp", "sqrt"):
+                rhs = f"{o.kind}({ins[0]})"
+            elif o.kind == "mult" and len(ins) == 1:
+                rhs = f"{ins[0]} * {ins[0]}"
+            else:
+                symbol = {"add": sign.get(o.name, "+"), "mult": "*", "div": "/"}[o.kind]
+                rhs = f" {symbol} ".join(ins)
+            out.append((o.name, "SIMD", f"{_indexed(o.out, ops)} = {rhs}"))
+    if op == "attention":
+        out += [("GEMM2", "GEMM engine", "O[m,k] = sum_n H[m,n] V[n,k]"),
+                ("reduction(add)", "NoC", "O[m,k] reduced (add) across the N split")]  # fmt: skip
+    return out
