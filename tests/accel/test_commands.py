@@ -91,7 +91,7 @@ def test_explore_json_and_plot(tmp_path):
 def test_explore_tables_and_errors():
     result = runner.invoke(app, ["explore", "attention", "-M", "16", "-N", "64", "-K", "16"])
     assert result.exit_code == 0, result.output
-    assert "Fused against unfused" in result.output and "Cycles per unit" in result.output
+    assert "Fused against unfused" in result.output and "per-unit table" in result.output
     assert "Pareto front" not in result.output  # pruned: no front
     bad = runner.invoke(app, ["explore", "gemm", *SMALL, "--space", "fusekit"])
     assert "retired" in str(bad.exception)

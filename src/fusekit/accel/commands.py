@@ -223,16 +223,26 @@ def _explore_tables(ex: Exploration, name: str, hw: str, top: int, detail: Any) 
         [(ex.best.total_cycles, r.sample_median_cycles,
           r.sample_median_cycles / (ex.best.total_cycles or 1))],
     )  # fmt: skip
+    _unit_tables(f"the best, {label(ex.best.tiling)}", detail)
+
+
+def _unit_tables(what: str, out: Any) -> None:
+    """COMET's per-unit cycle table, the compute units' utilisation, the energy per level."""
     print_table(
-        f"Cycles per unit of the best (COMET's table): {label(ex.best.tiling)}",
+        f"{what}: {out['total_cycles']:,} cycles (COMET's per-unit table)",
         ("unit", "CS", "OS", "TMW", "total"),
-        [(u, c.get("CS", "-"), c.get("OS", "-"), c.get("TMW", "-"), c["total"])
-         for u, c in detail["cycles"].items()],
+        [(u, r.get("CS", "-"), r.get("OS", "-"), r.get("TMW", "-"), r["total"])
+         for u, r in out["cycles"].items()],
     )  # fmt: skip
     print_table(
-        f"Energy by level of the best: {detail['total_energy_pj']:,.2f} pJ",
+        "Compute units: utilisation (ideal compute cycles / root cycles)",
+        ("unit", "utilisation"),
+        [(u, f"{v:.2f}") for u, v in out["utilisation"].items()],
+    )
+    print_table(
+        f"Energy by level: {out['total_energy_pj']:,.2f} pJ",
         ("level", "energy (pJ)"),
-        list(detail["energy_pj"].items()),
+        list(out["energy_pj"].items()),
     )
 
 
@@ -265,22 +275,7 @@ def comet(
     if json:
         print_json(out)
         return
-    print_table(
-        f"{case_dir}: {out['total_cycles']:,} cycles (COMET's per-unit table)",
-        ("unit", "CS", "OS", "TMW", "total"),
-        [(u, r.get("CS", "-"), r.get("OS", "-"), r.get("TMW", "-"), r["total"])
-         for u, r in out["cycles"].items()],
-    )  # fmt: skip
-    print_table(
-        "Compute units: utilisation (ideal compute cycles / root cycles)",
-        ("unit", "utilisation"),
-        [(u, f"{v:.2f}") for u, v in out["utilisation"].items()],
-    )
-    print_table(
-        f"Energy by level: {out['total_energy_pj']:,.2f} pJ",
-        ("level", "energy (pJ)"),
-        list(out["energy_pj"].items()),
-    )
+    _unit_tables(str(case_dir), out)
     if nest:
         rows = []
         for r in out["nest"]:
