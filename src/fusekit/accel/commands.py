@@ -91,7 +91,12 @@ def explore(
     kernels, the intermediate through DRAM, the same tiling).
     """
     # the tree model imports numpy: loaded when a search is asked for, not at CLI start
-    from fusekit.accel.comet.space import Space, read_constraints
+    from fusekit.accel.comet.space import (
+        COMPILED_MIN_TILINGS,
+        Space,
+        arch_constraints,
+        read_constraints,
+    )
     from fusekit.accel.compat import Compat
     from fusekit.accel.mapper import OBJECTIVES
     from fusekit.accel.mapper import explore as run_explore
@@ -121,7 +126,9 @@ def explore(
     dims = {"M": m, "N": n, "K": k}
     compat = Compat.native() if native else Compat()
     front = plot is not None or objective != "latency" or not prune
-    with progress("accel explore: scoring COMET tilings", None):
+    count = len(sp.tilings(dims, fixed if fixed is not None else arch_constraints(sp.arch)))
+    note = "" if count < COMPILED_MIN_TILINGS else " (a first run also compiles the scorer: ~2 min)"
+    with progress(f"accel explore: scoring COMET tilings{note}", None):
         ex = run_explore(sp, dims, None if template else problem, objective, fixed, workers,
                          compat, front=front)  # fmt: skip
     if write_mapping is not None:
