@@ -5,6 +5,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from fusekit.accel.comet import evaluate as comet_evaluate
 from fusekit.accel.comet.space import Scored, Space, label
 from fusekit.accel.commands import app
 from fusekit.accel.compat import Compat
@@ -115,7 +116,23 @@ def test_explore_writes_the_mapping_eval_reads(tmp_path):
         assert data["total_energy_pj"] == pytest.approx(best["total_energy_pj"], rel=1e-12)
 
 
-@pytest.mark.parametrize("op", ["gemm", "gemm_softmax", "gemm_layernorm", "attention"])
+#: Every built-in op ships an example: the mapper's best tiling at decode shape 1x1024x128 on edge.
+EXAMPLE_OPS = ("gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax", "layernorm")
+
+
+def test_shipped_examples_are_the_mappers_best():
+    """`fusekit accel explore OP -M 1 -N 1024 -K 128 --write-mapping DIR` writes each again."""
+    arch = _edge()
+    for op in EXAMPLE_OPS:
+        d = EXAMPLES / f"{op}_edge"
+        own = yaml.safe_load((d / "fusekit.yaml").read_text())
+        assert own["extents"] == {"M": 1, "N": 1024, "K": 128}
+        best = Space.builtin(op, arch).search(own["extents"]).best
+        assert {k: tuple(v) for k, v in own["tiling"].items()} == best.tiling, op
+        assert comet_evaluate(d)["total_cycles"] == best.total_cycles
+
+
+@pytest.mark.parametrize("op", EXAMPLE_OPS)
 def test_shipped_example_per_op_evaluates(op):
     shipped = runner.invoke(app, ["eval", str(EXAMPLES / f"{op}_edge"), "--json"])
     assert shipped.exit_code == 0, shipped.output
