@@ -153,3 +153,28 @@ def test_formulas_follow_the_templates_chain(op):
 def test_an_extent_no_tiling_can_split_is_named():
     result = runner.invoke(app, ["explore", "gemm_softmax", "-M", "3", "-N", "5", "-K", "7"])
     assert "N=5 is not a multiple of 16" in str(result.exception)
+
+
+def _best(args: list[str], dims: list[str] = SMALL) -> dict:
+    result = runner.invoke(app, ["explore", *args, *dims, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["best"]
+
+
+def test_hw_may_be_a_comet_arch_file_and_a_template_keeps_its_own(tmp_path):
+    from fusekit.accel.comet.templates import write_template
+
+    arch = tmp_path / "arch.yaml"
+    arch.write_text(yaml.safe_dump(_edge(), sort_keys=False))
+    assert _best(["gemm_softmax", "--hw", str(arch)]) == _best(["gemm_softmax", "--hw", "edge"])
+    cloud = plain(load("cloud").comet_arch)
+    run = write_template("gemm_softmax", tmp_path / "run", cloud)
+    wide = ["-M", "8", "-N", "256", "-K", "8"]  # cloud splits N 256 ways
+    assert _best(["--template", str(run)], wide) == _best(["gemm_softmax", "--hw", "cloud"], wide)
+    assert _best(["--template", str(run), "--hw", "edge"], wide) == _best(["gemm_softmax"], wide)
+    bad = tmp_path / "bad_arch.yaml"
+    bad.write_text(arch.read_text().replace("meshX: 2", "meshX: 0", 1))
+    result = runner.invoke(app, ["explore", "gemm", *SMALL, "--hw", str(bad)])
+    assert "bad_arch.yaml" in str(result.exception) and "meshX" in str(result.exception)
+    result = runner.invoke(app, ["explore", "gemm", *SMALL, "--hw", "h100"])
+    assert "comet_arch, or a COMET arch.yaml" in str(result.exception)

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fusekit.console import print_json, print_table, progress
-from fusekit.hw import Accelerator, load
-from fusekit.hw.cpu_gpu import plain
 
 if TYPE_CHECKING:
     from fusekit.accel.mapper import Exploration
@@ -37,9 +35,13 @@ def explore(
         str,
         typer.Argument(help=f"Built-in op: {', '.join(OPS)} (ignored with --template)."),
     ] = "gemm_softmax",
-    hw: Annotated[str, typer.Option(help="Accelerator preset or YAML file (its comet_arch).")] = (
-        "edge"
-    ),
+    hw: Annotated[
+        str | None,
+        typer.Option(
+            help="Accelerator preset or file with a comet_arch (edge, cloud), or a COMET "
+            "arch.yaml (default: edge; with --template, the run's arch.yaml)."
+        ),
+    ] = None,
     m: Annotated[int, typer.Option("-M", help="Rows (queries).", min=1, max=MAX_EXTENT)] = 256,
     n: Annotated[int, typer.Option("-N", help="Columns (keys).", min=1, max=MAX_EXTENT)] = 256,
     k: Annotated[
@@ -64,8 +66,8 @@ def explore(
     template: Annotated[
         Path | None,
         typer.Option(
-            help="A COMET run folder to tile (default: the op's built-in template on the "
-            "--hw preset's comet_arch)."
+            help="A COMET run folder to tile, on its own arch.yaml unless --hw is given "
+            "(default: the op's built-in template)."
         ),
     ] = None,
     constraints: Annotated[
@@ -91,6 +93,7 @@ def explore(
     kernels, the intermediate through DRAM, the same tiling).
     """
     # the tree model imports numpy: loaded when a search is asked for, not at CLI start
+    from fusekit.accel.comet.run import CometInputError, arch_document
     from fusekit.accel.comet.space import (
         COMPILED_MIN_TILINGS,
         Space,
@@ -112,16 +115,17 @@ def explore(
         raise ValueError(
             f"accel explore: expected a built-in op in {OPS} or --template RUN_DIR (got {problem})"
         )
-    target = load(hw)
-    arch = (
-        plain(target.comet_arch) if isinstance(target, Accelerator) and target.comet_arch else None
-    )
+    hw_name = hw if hw is not None else ("edge" if template is None else f"{template}/arch.yaml")
+    try:  # a template without --hw keeps its own arch.yaml
+        arch = arch_document(hw_name) if hw is not None or template is None else None
+    except CometInputError:
+        raise
+    except ValueError as e:
+        raise ValueError(f"accel explore: '--hw': {e}") from None
     if template is not None:
         sp = Space(template, arch)
-    elif arch is None:
-        raise ValueError(f"accel explore: expected '--hw' with a comet_arch (got {hw})")
     else:
-        sp = Space.builtin(problem, arch)
+        sp = Space.builtin(problem, arch or {})
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
     compat = Compat.native() if native else Compat()
@@ -132,18 +136,18 @@ def explore(
         ex = run_explore(sp, dims, None if template else problem, objective, fixed, workers,
                          compat, front=front)  # fmt: skip
     if write_mapping is not None:
-        sp.write(write_mapping, ex.best.tiling, dims, hw)
+        sp.write(write_mapping, ex.best.tiling, dims, hw_name)
     name = problem if template is None else str(template)
     if plot is not None:
-        _pareto_plot(plot, ex, f"{name} {m}x{n}x{k} on {hw}: COMET's tilings, tree model")
+        _pareto_plot(plot, ex, f"{name} {m}x{n}x{k} on {hw_name}: COMET's tilings, tree model")
     from fusekit.accel.tree_model.stages import analyse
 
     detail = analyse(sp.inputs(ex.best.tiling, dims), compat=compat)
-    record = _explore_json(ex, name, hw, detail)
+    record = _explore_json(ex, name, hw_name, detail)
     if json:
         print_json(record)
         return
-    _explore_tables(ex, name, hw, top, detail)
+    _explore_tables(ex, name, hw_name, top, detail)
 
 
 def _pareto_plot(path: Path, ex: Exploration, title: str) -> None:
@@ -263,7 +267,10 @@ def comet(
     ] = False,
     hw: Annotated[
         str | None,
-        typer.Option(help="Accelerator preset whose comet_arch replaces the run's arch.yaml."),
+        typer.Option(
+            help="Accelerator preset (its comet_arch) or a COMET arch.yaml to use instead of "
+            "the run's arch.yaml."
+        ),
     ] = None,
     nest: Annotated[
         bool, typer.Option("--nest", help="Also print the loop nest with per-node accesses.")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fusekit.accel.comet.files import CometInputError, load_document, read_case
+from fusekit.accel.comet.files import CometInputError, load_document, read_arch, read_case
 from fusekit.accel.compat import DEVIATIONS, Compat
 from fusekit.accel.noc import MeshShapeError
 from fusekit.accel.tree import tree_from_dict
@@ -22,8 +23,37 @@ __all__ = [
     "CometModelError",
     "Compat",
     "MeshShapeError",
+    "arch_document",
     "evaluate",
 ]
+
+#: Top-level keys of a COMET arch file (``arch.yaml``).
+_ARCH_KEYS = ("ComputeTiles", "MemoryTypes", "Hierarchy")
+
+
+def arch_document(hw: str | Path) -> dict[str, Any]:
+    """COMET's arch description of ``hw``, as the tree model reads it.
+
+    ``hw``: a COMET ``arch.yaml`` (read and checked as COMET's files are), or an accelerator
+    preset or file with a ``comet_arch`` block (``edge``, ``cloud``).
+
+    Raises:
+        CometInputError: a malformed COMET arch file (names the file and the entry).
+        ValueError: ``hw`` names hardware without a COMET description (a CPU, a GPU).
+    """
+    p = Path(hw)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        doc = load_document(p)
+        if any(k in doc for k in _ARCH_KEYS):
+            read_arch(doc, str(p))
+            return doc
+    target = load(str(hw))
+    if not isinstance(target, Accelerator) or target.comet_arch is None:
+        raise ValueError(
+            f"expected an accelerator with a comet_arch, or a COMET arch.yaml (got {hw})"
+        )
+    preset: dict[str, Any] = plain(target.comet_arch)
+    return preset
 
 
 def evaluate(
@@ -43,7 +73,8 @@ def evaluate(
         compat: which of COMET's defects to reproduce (:class:`Compat`, named in
             :data:`DEVIATIONS`): ``True`` all (the binary), ``False`` none (the native model).
         hw: an accelerator preset (``edge``, ``cloud``) whose ``comet_arch`` replaces the run's
-            ``arch.yaml``; ``None`` reads ``arch.yaml``.
+            ``arch.yaml``, or another COMET ``arch.yaml`` (:func:`arch_document`); ``None``
+            reads the folder's ``arch.yaml``.
 
     Returns:
         ``total_cycles``, ``total_energy_pj``, ``cycles`` (unit -> CS/OS/TMW parts and total),
@@ -67,12 +98,12 @@ def evaluate(
         calc_noc_energy = not cmd.exists() or "--calc_noc_energy" in cmd.read_text()
     arch_doc = None
     if hw is not None:
-        target = load(hw)
-        if not isinstance(target, Accelerator) or target.comet_arch is None:
-            raise ValueError(
-                f"comet: expected 'hw' to be an accelerator with comet_arch (got {hw})"
-            )
-        arch_doc = plain(target.comet_arch)
+        try:
+            arch_doc = arch_document(hw)
+        except CometInputError:
+            raise
+        except ValueError as e:
+            raise ValueError(f"comet: {e}") from None
     inp = read_case(d, arch_doc)
     try:
         return analyse(inp, calc_noc=calc_noc_energy, compat=compat)
