@@ -25,12 +25,13 @@ def test_show_gpu_and_accelerator():
     assert "4.8 TB/s" in result.output and "132" in result.output
     result = runner.invoke(app, ["show", "edge"])
     assert result.exit_code == 0, result.output
-    assert "2x2 mesh" in result.output and "474 / 532" in result.output
+    assert "GB 2x2 > IB 2x2" in result.output and "474 / 532" in result.output
 
 
 def test_show_json_and_list():
     data = json.loads(runner.invoke(app, ["show", "cloud", "--json"]).output)
-    assert data["mesh_rows"] == 4
+    assert data["macs_per_cycle"] == 256 * 64 * 32 * 32
+    assert data["comet_arch"]["Hierarchy"][0]["name"] == "DRAM"
     names = [row["name"] for row in json.loads(runner.invoke(app, ["list", "--json"]).output)]
     assert "h200" in names and "cpu-local" in names
 

@@ -28,5 +28,5 @@ def test_to_dict_round_trips_through_json():
 
     data = json.loads(json.dumps(load("edge").to_dict()))
     assert data["kind"] == "accelerator"
-    assert data["levels"][-1]["name"] == "dram"
-    assert data["simd_op_pj"]["exp"] == 3.86
+    assert data["levels"][0]["name"] == "DRAM" and data["levels"][-1]["name"] == "SE"
+    assert data["comet_arch"]["MemoryTypes"][-1]["attributes"]["parent_read_energy"] == 800

@@ -54,28 +54,25 @@ def test_h200_datasheet_figures():
     assert h200.mem_bytes == 141 * 10**9
 
 
-def test_edge_and_cloud_follow_comet():
+def test_edge_and_cloud_are_comets_arch_files():
     edge, cloud = load("edge"), load("cloud")
     assert isinstance(edge, Accelerator) and isinstance(cloud, Accelerator)
-    assert (edge.mesh_rows, edge.mesh_cols, cloud.mesh_rows, cloud.mesh_cols) == (2, 2, 4, 4)
-    # 8x8 arrays of 32x32 PEs per cluster
-    assert edge.systolic.macs_per_cycle == 64 * 1024
-    assert edge.level("global").size_bytes == 2 * 2**20
-    assert cloud.level("global").size_bytes == 8 * 2**20
-    assert (cloud.level("global").read_pj, cloud.level("global").write_pj) == (994, 1111)
-    assert (edge.level("output").read_pj, edge.level("output").write_pj) == (72, 129)
-    # DRAM: 25 / 50 words of 8 bytes per cycle, 800 pJ per 8-byte access
-    assert edge.level("dram").bw_bytes_per_cycle == 200
-    assert cloud.level("dram").bw_bytes_per_cycle == 400
-    assert edge.level("dram").read_pj == 800
-    assert (edge.network.link_bw_bytes_per_cycle, cloud.network.link_bw_bytes_per_cycle) == (
+    assert [lv.name for lv in edge.levels] == ["DRAM", "GB", "IB", "GEMMEngine", "WB", "OB", "SE"]
+    assert edge.level("GB").mesh == (2, 2) and cloud.level("GB").mesh == (4, 4)
+    assert cloud.level("GB").capacity_bytes == 8 * 2**20
+    assert (cloud.level("GB").read_pj, cloud.level("GB").write_pj) == (994, 1111)
+    assert (edge.level("OB").read_pj, edge.level("OB").write_pj) == (72, 129)
+    assert (edge.level("DRAM").bw_bytes_per_cycle, cloud.level("DRAM").bw_bytes_per_cycle) == (
+        25,
+        50,
+    )
+    assert (
+        edge.level("GB").link_bw_bytes_per_cycle,
+        cloud.level("GB").link_bw_bytes_per_cycle,
+    ) == (
         64,
         256,
     )
-    assert edge.network.hop_latency_cycles == 5
-    assert edge.simd_cycles("exp") == 3
-    assert edge.simd_cycles("row_max") == 4  # ceil(log2(16))
-    assert edge.simd_energy_pj("row_sum") == edge.simd_energy_pj("add") == 0.11
 
 
 def test_units_parse(tmp_path):
@@ -120,8 +117,8 @@ def test_malformed_yaml_is_one_clear_line(tmp_path, old, new, path, problem):
 
 def test_nested_accelerator_field_path(tmp_path):
     edge = (resources.files("fusekit.hw") / "presets" / "edge.yaml").read_text()
-    file = write(tmp_path, edge.replace("hop_latency_cycles: 5", "hop_latency_cycles: -5"))
-    with pytest.raises(ConfigError, match=r"network\.hop_latency_cycles: .*greater than 0"):
+    file = write(tmp_path, edge.replace("hop_latency: 5,", "hop_latency: -5,", 1))
+    with pytest.raises(ConfigError, match=r"comet_arch: .*\(GB\): expected 'hop_latency' .* >= 0"):
         load_file(file)
 
 

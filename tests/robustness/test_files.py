@@ -199,10 +199,12 @@ HW_CASES = [
     ("h100", "clock_hz: 1.98e9", "clock_hz: -1.98e9", ["clock_hz", "greater than 0"]),
     ("h100", "fp32: 67.0e12", "fp32: 0", ["peak_flops_per_s.fp32"]),
     ("h100", "warp_size: 32", "warp_size: 32\ncolour: red", ["colour", "unknown field"]),
-    ("edge", "mesh:\n  rows: 2", "mesh:\n  depth: 3\n  rows: 2", ["mesh.depth", "unknown field"]),
-    ("edge", "hop_latency_cycles: 5", "hop_latency_cycles: .inf", ["non-finite"]),
-    ("edge", "mac: 0.2296", "mac: -0.2296", ["energy_pj.mac", "greater than 0"]),
-    ("edge", "link_bw_bytes_per_cycle: 64", "link_bw_bytes_per_cycle: .nan", ["non-finite"]),
+    ("edge", "clock_hz: 1.0e9", "clock_hz: 1.0e9\nword_bytes: 8", ["word_bytes", "unknown field"]),
+    ("edge", "clock_hz: 1.0e9", "clock_hz: .inf", ["non-finite"]),
+    ("edge", "meshX: 2,", "meshX: 0,", ["comet_arch", "'meshX'"]),
+    ("edge", "bw: 25,", "bw: .nan,", ["non-finite"]),
+    ("edge", "bw: 25,", "bw: -25,", ["comet_arch", "'bw'"]),
+    ("edge", "type: GBuffer", "type: Nope", ["comet_arch", "unknown spec"]),
 ]
 
 

@@ -6,9 +6,7 @@ here imports torch at import.
 """
 
 from fusekit.hw.accel import Accelerator as Accelerator
-from fusekit.hw.accel import MemoryLevel as MemoryLevel
-from fusekit.hw.accel import Network as Network
-from fusekit.hw.accel import SystolicArrays as SystolicArrays
+from fusekit.hw.accel import ArchLevel as ArchLevel
 from fusekit.hw.cpu_gpu import CPUTarget as CPUTarget
 from fusekit.hw.cpu_gpu import GPUTarget as GPUTarget
 from fusekit.hw.cpu_gpu import Target as Target
@@ -20,12 +18,10 @@ from fusekit.hw.load import preset_names as preset_names
 
 __all__ = [
     "Accelerator",
+    "ArchLevel",
     "CPUTarget",
     "GPUTarget",
     "Hardware",
-    "MemoryLevel",
-    "Network",
-    "SystolicArrays",
     "Target",
     "detect",
     "load",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -57,50 +57,38 @@ def _summary_rows(hw: Hardware) -> list[tuple[str, str]]:
             ("clock", si(hw.clock_hz, "Hz")),
         ]
     if isinstance(hw, Accelerator):
-        s = hw.systolic
-        net = hw.network
         rows += [
-            ("clusters", f"{hw.mesh_rows}x{hw.mesh_cols} {net.topology}"),
-            (
-                "systolic arrays / cluster",
-                f"{s.grid_rows}x{s.grid_cols} arrays of {s.pe_rows}x{s.pe_cols} PEs",
-            ),
-            ("SIMD width", str(hw.simd_width)),
+            ("spatial hierarchy", hw.spatial()),
+            ("MACs / cycle", f"{hw.macs_per_cycle:,}"),
             ("peak (2 FLOP/MAC)", si(hw.peak_flops_per_s, "FLOP/s")),
-            ("clock", si(hw.clock_hz, "Hz")),
-            (
-                "network link",
-                f"{net.link_bw_bytes_per_cycle:g} B/cycle, "
-                f"{net.hop_latency_cycles} cycles/hop, {net.channel_bits}-bit",
-            ),
-            (
-                "in-network broadcast / reduction",
-                f"{net.in_network_broadcast} / {net.in_network_reduction}",
-            ),
-            ("MAC energy", f"{hw.mac_pj:g} pJ"),
-            ("SIMD energy", ", ".join(f"{k} {v:g} pJ" for k, v in hw.simd_op_pj.items())),
-            (
-                "SIMD cycles",
-                ", ".join(
-                    f"{op} {hw.simd_cycles(op)}"
-                    for op in [*hw.simd_op_cycles, "row_sum", "row_max"]
-                ),
-            ),
+            ("clock", f"{si(hw.clock_hz, 'Hz')} (assumed)"),
         ]
     return rows
 
 
-def _level_rows(hw: Accelerator) -> list[tuple[Any, ...]]:
-    return [
-        (
-            lv.name,
-            binary_bytes(lv.size_bytes) if lv.size_bytes else "-",
-            f"{lv.bw_bytes_per_cycle:g}" if lv.bw_bytes_per_cycle else "not limiting",
-            f"{lv.read_pj:g} / {lv.write_pj:g}",
-            "yes" if lv.double_buffered else "no",
-        )
-        for lv in hw.levels
-    ]
+def _level_tables(hw: Accelerator) -> None:
+    """COMET's hierarchy in three tables: memories, compute units, networks."""
+    print_table(
+        f"{hw.name} memories (per instance; pJ per access of one block)",
+        ("level", "under", "on chip", "size", "block", "B/cycle", "pJ read / write"),
+        [(lv.name, lv.parent or "-", lv.instances,
+          binary_bytes(lv.capacity_bytes) if lv.capacity_bytes else "unbounded",
+          f"{lv.width_bytes} B", f"{lv.bw_bytes_per_cycle:g}", f"{lv.read_pj:g} / {lv.write_pj:g}")
+         for lv in hw.levels if not lv.compute],
+    )  # fmt: skip
+    print_table(
+        f"{hw.name} compute units",
+        ("unit", "spec", "under", "on chip", "per instance"),
+        [(lv.name, lv.spec, lv.parent, lv.instances,
+          f"{lv.macs_per_cycle:,} MACs/cycle" if lv.macs_per_cycle else f"{lv.lanes} lanes")
+         for lv in hw.levels if lv.compute],
+    )  # fmt: skip
+    print_table(
+        f"{hw.name} networks (each level's instances under one parent)",
+        ("level", "mesh", "link B/cycle", "cycles / hop"),
+        [(lv.name, f"{lv.mesh[0]}x{lv.mesh[1]}", f"{lv.link_bw_bytes_per_cycle:g}",
+          lv.hop_latency_cycles) for lv in hw.levels if lv.parent and lv.per_parent > 1],
+    )  # fmt: skip
 
 
 def _show(hw: Hardware, as_json: bool) -> None:
@@ -109,11 +97,7 @@ def _show(hw: Hardware, as_json: bool) -> None:
         return
     print_table(f"{hw.name}", ("field", "value"), _summary_rows(hw))
     if isinstance(hw, Accelerator):
-        print_table(
-            f"{hw.name} memory levels (per cluster; energy per {hw.word_bytes}-byte word)",
-            ("level", "size", "B/cycle", "read / write pJ", "double-buffered"),
-            _level_rows(hw),
-        )
+        _level_tables(hw)
 
 
 @app.command("list")

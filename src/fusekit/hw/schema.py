@@ -12,9 +12,9 @@ import re
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from fusekit.hw.accel import Accelerator, MemoryLevel, Network, SystolicArrays
+from fusekit.hw.accel import Accelerator, arch_levels
 from fusekit.hw.cpu_gpu import CPUTarget, GPUTarget
 
 _UNITS = {
@@ -113,113 +113,31 @@ class GPUSchema(_ComputeSchema):
         return GPUTarget(**fields)
 
 
-class _MeshSchema(_Schema):
-    rows: PositiveInt
-    cols: PositiveInt
-
-
-class _SystolicSchema(_Schema):
-    grid: tuple[PositiveInt, PositiveInt]
-    pe: tuple[PositiveInt, PositiveInt]
-
-
-class _ClusterSchema(_Schema):
-    systolic_arrays: _SystolicSchema
-    simd_width: PositiveInt
-
-
-class _BufferSchema(_Schema):
-    size_bytes: Size
-    read_pj: Positive
-    write_pj: Positive
-    bw_bytes_per_cycle: Positive | None = None
-    double_buffered: bool
-
-
-class _BuffersSchema(_Schema):
-    input: _BufferSchema
-    weight: _BufferSchema
-    output: _BufferSchema
-    global_: _BufferSchema = Field(alias="global")
-
-
-class _DramSchema(_Schema):
-    bw_words_per_cycle: Positive
-    read_pj: Positive
-    write_pj: Positive
-
-
-class _NetworkSchema(_Schema):
-    topology: Literal["mesh", "torus", "ring"]
-    link_bw_bytes_per_cycle: Positive
-    hop_latency_cycles: PositiveInt
-    channel_bits: PositiveInt
-    in_network_broadcast: bool
-    in_network_reduction: bool
-    hop_pj_per_byte: Positive
-
-
-class _EnergySchema(_Schema):
-    mac: Positive
-    simd: dict[str, Positive] = Field(min_length=1)
-
-
 class AcceleratorSchema(_Schema):
-    """YAML form of :class:`~fusekit.hw.accel.Accelerator`."""
+    """YAML form of :class:`~fusekit.hw.accel.Accelerator`: COMET's arch plus a name and a clock."""
 
     kind: Literal["accelerator"]
     name: str
     description: str
     source: str
     clock_hz: Positive
-    word_bytes: PositiveInt
-    mesh: _MeshSchema
-    cluster: _ClusterSchema
-    buffers: _BuffersSchema
-    dram: _DramSchema
-    network: _NetworkSchema
-    energy_pj: _EnergySchema
-    simd_cycles: dict[str, PositiveInt] = Field(min_length=1)
-    comet_arch: dict[str, Any] | None = None
+    comet_arch: dict[str, Any]
+
+    @field_validator("comet_arch")
+    @classmethod
+    def _levels(cls, arch: dict[str, Any]) -> dict[str, Any]:
+        arch_levels(arch)  # raises ValueError naming the entry and the key
+        return arch
 
     def build(self) -> Accelerator:
         """The frozen dataclass."""
-        levels = [
-            MemoryLevel(name=name, **buf.model_dump())
-            for name, buf in (
-                ("input", self.buffers.input),
-                ("weight", self.buffers.weight),
-                ("output", self.buffers.output),
-                ("global", self.buffers.global_),
-            )
-        ]
-        levels.append(
-            MemoryLevel(
-                name="dram",
-                size_bytes=0,
-                read_pj=self.dram.read_pj,
-                write_pj=self.dram.write_pj,
-                bw_bytes_per_cycle=self.dram.bw_words_per_cycle * self.word_bytes,
-                double_buffered=False,
-            )
-        )
-        arrays = self.cluster.systolic_arrays
         return Accelerator(
             name=self.name,
             description=self.description,
             source=self.source,
             clock_hz=self.clock_hz,
-            word_bytes=self.word_bytes,
-            mesh_rows=self.mesh.rows,
-            mesh_cols=self.mesh.cols,
-            systolic=SystolicArrays(*arrays.grid, *arrays.pe),
-            simd_width=self.cluster.simd_width,
-            levels=tuple(levels),
-            network=Network(**self.network.model_dump()),
-            mac_pj=self.energy_pj.mac,
-            simd_op_pj=MappingProxyType(dict(self.energy_pj.simd)),
-            simd_op_cycles=MappingProxyType(dict(self.simd_cycles)),
-            comet_arch=MappingProxyType(self.comet_arch) if self.comet_arch else None,
+            comet_arch=MappingProxyType(self.comet_arch),
+            levels=arch_levels(self.comet_arch),
         )
 
 

@@ -29,7 +29,9 @@ def _target_text(target: Mapping[str, Any]) -> str:
     if is_number(target.get("cores")):
         facts.append(f"{target['cores']} cores")
     if is_number(target.get("mesh_rows")) and is_number(target.get("mesh_cols")):
-        facts.append(f"{target['mesh_rows']}x{target['mesh_cols']} clusters")
+        facts.append(f"{target['mesh_rows']}x{target['mesh_cols']} clusters")  # older records
+    if is_number(target.get("macs_per_cycle")):
+        facts.append(f"{target['macs_per_cycle']:,} MACs/cycle")
     if is_number(target.get("clock_hz")):
         facts.append(f"{si(target['clock_hz'], 'Hz')} clock")
     name = str(target.get("description") or target.get("name") or "unnamed target")

@@ -83,28 +83,30 @@ def build(options: TourOptions) -> Section:
         note=f"cpu-local: {local.description}; {local.source}.",
     )
     accel_table = Table(
-        "Spatial accelerators (COMET presets)",
+        "Spatial accelerators (COMET's arch files, as the accel model reads them)",
         (
             "name",
-            "clusters",
+            "spatial hierarchy",
             "MACs/cycle",
             "peak",
             "DRAM B/cycle",
-            "global buffer / cluster",
-            "link B/cycle",
+            "global buffer",
+            "GB link B/cycle",
         ),
         tuple(
             (
                 a.name,
-                f"{a.mesh_rows}x{a.mesh_cols}",
+                a.spatial(),
                 a.macs_per_cycle,
                 si(a.peak_flops_per_s, "FLOP/s"),
-                a.level("dram").bw_bytes_per_cycle or 0.0,
-                binary_bytes(a.level("global").size_bytes),
-                a.network.link_bw_bytes_per_cycle,
+                a.level("DRAM").bw_bytes_per_cycle,
+                binary_bytes(a.level("GB").capacity_bytes),
+                a.level("GB").link_bw_bytes_per_cycle,
             )
             for a in accels
         ),
+        note="`fusekit hw show edge` lists every level: capacity, access width, energy per "
+        "access, bandwidth, mesh and link; the clock (1 GHz) is assumed.",
     )
     records = tuple({"name": t.name, **t.to_dict()} for t in [*compute, *accels])
     return Section(
