@@ -116,16 +116,19 @@ def explore(
             f"accel explore: expected a built-in op in {OPS} or --template RUN_DIR (got {problem})"
         )
     hw_name = hw if hw is not None else ("edge" if template is None else f"{template}/arch.yaml")
-    try:  # a template without --hw keeps its own arch.yaml
-        arch = arch_document(hw_name) if hw is not None or template is None else None
-    except CometInputError:
-        raise
-    except ValueError as e:
-        raise ValueError(f"accel explore: '--hw': {e}") from None
-    if template is not None:
-        sp = Space(template, arch)
+
+    def arch_of(name: str) -> dict[str, Any]:
+        try:
+            return arch_document(name)
+        except CometInputError:
+            raise
+        except ValueError as e:
+            raise ValueError(f"accel explore: '--hw': {e}") from None
+
+    if template is not None:  # the run's own arch.yaml unless --hw is given
+        sp = Space(template, arch_of(hw) if hw is not None else None)
     else:
-        sp = Space.builtin(problem, arch or {})
+        sp = Space.builtin(problem, arch_of(hw_name))
     fixed = read_constraints(constraints) if constraints is not None else None
     dims = {"M": m, "N": n, "K": k}
     compat = Compat.native() if native else Compat()
