@@ -31,12 +31,14 @@ H_DFQD1 = 8
 BUFFER_DEPTH = 3 * 10  # virtual channels x depth
 
 
-def _wire(length: float, k: float, m: float, n: float, cw: float) -> float:
+def wire_pj(length: float, k: float, m: float, n: float, cw: float) -> float:
+    """Power of a repeated wire of ``length`` (``k`` repeaters, ``m x n`` segments) per cycle."""
     ca = k * (CI + CO) + cw * (length / (m * n))
     return 0.5 * ca * VDD * VDD * F_CLK * m * n
 
 
-def _wire_clock(m: float, w: float, cw: float) -> float:
+def wire_clock_pj(m: float, w: float, cw: float) -> float:
+    """Power of clocking ``m`` rows of ``w`` flip-flops per cycle."""
     columns = H_DFQD1 * METAL_PITCH / CHANNEL_PITCH
     cclk = (1 + 5.0 / 16.0 * (1 + CO_DELAY / CI_DELAY)) * (
         w * CHANNEL_PITCH * cw * columns + w * CI_DELAY
@@ -44,13 +46,15 @@ def _wire_clock(m: float, w: float, cw: float) -> float:
     return m * cclk * VDD * VDD * F_CLK
 
 
-def _dff(m: float, w: float, alpha: float = 1.0) -> float:
+def dff_pj(m: float, w: float, alpha: float = 1.0) -> float:
+    """Power of ``m x w`` D flip-flops at activity ``alpha`` per cycle."""
     cdin = 2 * 0.8 * (CI + CO) + 2 * (2.0 / 3.0 * 0.8 * CO)
     cclk = 2 * 0.8 * (CI + CO) + 2 * (2.0 / 3.0 * 0.8 * CG_PWR)
     return ((alpha * 0.5) * cdin + alpha * cclk) * m * w * VDD * VDD * F_CLK
 
 
-def _word_line(width: float, depth: float, channel: float, cw: float) -> float:
+def word_line_pj(width: float, depth: float, channel: float, cw: float) -> float:
+    """Power of a buffer word line (``width`` bits, ``depth`` entries) per access."""
     ccell = 2 * (4.0 * LAMBDA) * CG_PWR + 6 * METAL_PITCH * cw
     x = 1.0 + (5.0 / 16.0) * (1 + CO / CI)
     cpre = x * (cw * (8 * METAL_PITCH + depth) * CI)
@@ -61,16 +65,19 @@ def _word_line(width: float, depth: float, channel: float, cw: float) -> float:
     return (cbd + 2 * cpre + cdec) * VDD * VDD * F_CLK
 
 
-def _bit_read(depth: float, cw: float) -> float:
+def bit_read_pj(depth: float, cw: float) -> float:
+    """Power of reading one bit line of a ``depth``-entry buffer."""
     return depth * (4.0 * LAMBDA * CD_PWR + 8 * METAL_PITCH * cw) * VDD * VDD * F_CLK
 
 
-def _bit_write(depth: float, cw: float) -> float:
+def bit_write_pj(depth: float, cw: float) -> float:
+    """Power of writing one bit line of a ``depth``-entry buffer."""
     cbl = depth * (4.0 * LAMBDA * CD_PWR + 8 * METAL_PITCH * cw)
     return 0.5 * 2 * (CO + CI) * VDD * VDD + cbl * VDD * VDD * F_CLK
 
 
-def _crossbar(width: float, ins: float, outs: float, cw: float) -> float:
+def crossbar_pj(width: float, ins: float, outs: float, cw: float) -> float:
+    """Power of an ``ins x outs`` crossbar of ``width``-bit ports per traversal."""
     cw_in = width * outs * CROSSBAR_PITCH * cw
     cw_out = width * ins * CROSSBAR_PITCH * cw
     cxi = cw_out / 16.0
@@ -84,7 +91,8 @@ def _crossbar(width: float, ins: float, outs: float, cw: float) -> float:
     return 0.5 * (cin + cout) * VDD * VDD * F_CLK
 
 
-def _crossbar_ctrl(width: float, ins: float, outs: float, cw: float) -> float:
+def crossbar_ctrl_pj(width: float, ins: float, outs: float, cw: float) -> float:
+    """Power of that crossbar's control lines per cycle."""
     wx = width * outs * CROSSBAR_PITCH
     hx = width * ins * CROSSBAR_PITCH
     cctrl = width * (5.0 / 16.0) * wx * cw + (wx + hx) * cw
@@ -102,16 +110,16 @@ def router_energy_pj(channel: int, hops: int, t_queue: int, q_bits: int, edge: i
     stream = t_queue * q_bits / w  # cycles of queued flits
     links = edge * (edge * 2 - 2)
     routers = edge * edge
-    wire = _wire(length, k, m, n, cw) * (hops + stream) * links
-    clock = _wire_clock(m, length, cw) * 2 * routers
-    dff = _dff(m, length) * (hops + stream) * links
+    wire = wire_pj(length, k, m, n, cw) * (hops + stream) * links
+    clock = wire_clock_pj(m, length, cw) * 2 * routers
+    dff = dff_pj(m, length) * (hops + stream) * links
     depth = BUFFER_DEPTH
-    wl = _word_line(w, depth, w, cw)
-    read = (wl + _bit_read(depth, cw) * w) * stream * routers
-    write = (wl + _bit_write(depth, cw) * w) * stream * routers
-    switch = _crossbar(w, 5, 5, cw) * w * hops * 3 * routers
-    switch_ctrl = _crossbar_ctrl(w, 5, 5, cw) * (hops * 3 + stream) * routers
-    out = _dff(1, w, 1.0) * (hops + stream) * routers
-    out_clk = _wire_clock(1, w, cw) * hops * 2 * routers
+    wl = word_line_pj(w, depth, w, cw)
+    read = (wl + bit_read_pj(depth, cw) * w) * stream * routers
+    write = (wl + bit_write_pj(depth, cw) * w) * stream * routers
+    switch = crossbar_pj(w, 5, 5, cw) * w * hops * 3 * routers
+    switch_ctrl = crossbar_ctrl_pj(w, 5, 5, cw) * (hops * 3 + stream) * routers
+    out = dff_pj(1, w, 1.0) * (hops + stream) * routers
+    out_clk = wire_clock_pj(1, w, cw) * hops * 2 * routers
     out_ctrl = out_clk * (hops + stream) * routers
     return wire + clock + dff + read + write + switch + switch_ctrl + out + out_clk + out_ctrl

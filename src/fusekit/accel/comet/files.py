@@ -349,12 +349,12 @@ class _Site:
 
 
 @dataclass(slots=True)
-class _Node(ABC):
+class TemplateNode(ABC):
     """A compiled mapping node: what its tree node holds that no constant changes."""
 
     id: int
     where: str
-    children: list[_Node] = field(default_factory=list)
+    children: list[TemplateNode] = field(default_factory=list)
     used: list[int] = field(default_factory=list)  # value ids read before ``error``
     error: Exception | None = None  # a failed check, raised after the values in ``used``
 
@@ -377,7 +377,7 @@ class _Node(ABC):
 
 
 @dataclass(slots=True)
-class _Broken(_Node):
+class _Broken(TemplateNode):
     """A node whose check fails before it reads any constant."""
 
     def build(self, b: _Build, parent: TreeNode | None) -> TreeNode:
@@ -396,7 +396,7 @@ class _Order:
 
 
 @dataclass(slots=True)
-class _Tile(_Node):
+class TemplateTile(TemplateNode):
     """A ``DataMovement_Tile``; the permutation may name a constant, resolved per build."""
 
     spatial: bool = False
@@ -446,7 +446,7 @@ class _Tile(_Node):
 
 
 @dataclass(slots=True)
-class _Op(_Node):
+class TemplateOp(TemplateNode):
     """An ``Operation`` leaf; reduction dimension names may name constants."""
 
     op_type: str = ""
@@ -474,7 +474,7 @@ class _Op(_Node):
 
 
 @dataclass(slots=True)
-class _Bind(_Node):
+class _Bind(TemplateNode):
     """An ``inter_tile_binding``."""
 
     binding: str = ""
@@ -485,7 +485,7 @@ class _Bind(_Node):
 
 
 @dataclass(slots=True)
-class _Collective(_Node):
+class _Collective(TemplateNode):
     """A ``CollectiveOperation``: its fields name no constant."""
 
     fields: dict[str, Any] = field(default_factory=dict)  # TreeNode fields, lists copied
@@ -506,7 +506,7 @@ class MappingTemplate:
     template serves every problem read from the same document.
     """
 
-    root: _Node
+    root: TemplateNode
     texts: _Texts
     prob: Chain
     file: str
@@ -518,14 +518,14 @@ class MappingTemplate:
             CometInputError: the error a walk of the document with ``const`` meets first.
         """
         try:
-            vals: list[int] | _LazyValues = _resolve(self.texts, const, self.file)
+            vals: list[int] | _LazyValues = resolve_values(self.texts, const, self.file)
             careful = False
         except CometInputError:
             vals, careful = _LazyValues(self.texts, const, self.file), True
         return self.root.build(_Build(const, vals, careful, self.prob, self.file), None)
 
 
-def _resolve(texts: _Texts, const: dict[str, Any], file: str) -> list[int]:
+def resolve_values(texts: _Texts, const: dict[str, Any], file: str) -> list[int]:
     """Every text's value (a positive int constant directly, else through :func:`_value`)."""
     out = []
     for key, where in zip(texts.texts, texts.wheres, strict=True):
@@ -553,7 +553,7 @@ def _factors(
 
 def _tile(
     raw: dict[str, Any], node: _Site, prob: Chain, arch: Hierarchy, texts: _Texts, file: str
-) -> _Tile:
+) -> TemplateTile:
     where = node.where
 
     def lst(key: str, n: int, default: Any) -> list[Any]:
@@ -566,7 +566,7 @@ def _tile(
 
     names = [str(t) for t in raw.get("tensors") or []]
     n = len(names)
-    tile = _Tile(node.id, where, spatial=str(raw.get("type")) != "temporal")
+    tile = TemplateTile(node.id, where, spatial=str(raw.get("type")) != "temporal")
     tile.tensors = [prob.tid(t, file, where) for t in names]
     tile.targets = [str(t) for t in lst("target", n, None)]
     tile.childs = [str(t) for t in lst("child", n, None)]
@@ -586,9 +586,9 @@ def _tile(
     return tile
 
 
-def _op(raw: dict[str, Any], node: _Site, prob: Chain, texts: _Texts, file: str) -> _Op:
+def _op(raw: dict[str, Any], node: _Site, prob: Chain, texts: _Texts, file: str) -> TemplateOp:
     where = node.where
-    op = _Op(node.id, where, op_type=str(raw.get("type", "")).lower())
+    op = TemplateOp(node.id, where, op_type=str(raw.get("type", "")).lower())
     if op.op_type not in OP_TYPES:
         raise CometInputError(file, where, f"unknown operation type {op.op_type!r}")
     op.op_name = str(raw.get("name", ""))
@@ -671,7 +671,7 @@ def compile_mapping(
     counter = [0]
     broken = [False]  # a node failed: the walk stops there
 
-    def node(raw: Any, path: str) -> _Node:
+    def node(raw: Any, path: str) -> TemplateNode:
         if not isinstance(raw, dict) or "node_type" not in raw:
             raise CometInputError(file, path, "expected a node with a 'node_type'")
         kind = str(raw["node_type"]).lower()
@@ -689,7 +689,7 @@ def compile_mapping(
             return _collective(raw, base, prob, arch, file)
         raise CometInputError(file, path, f"unknown node_type {raw['node_type']!r}")
 
-    def visit(raw: Any, path: str) -> _Node:
+    def visit(raw: Any, path: str) -> TemplateNode:
         try:
             out = node(raw, path)
         except Exception as e:  # raised by build, in the walk's order

@@ -299,7 +299,7 @@ class CompiledTemplate:
         en = _energy_maps(flat, shape, want5, ss)
         if up is None or en is None:
             return None
-        tabs, seqs, meta = ct._args(flat)
+        tabs, seqs, meta = ct.kernel_args(flat)
         tree = (tabs, seqs, meta)
         arch = (fa.lv, fa.simd, fa.net_of, fa.net, fa.net_pj, fa.generalise, fa.port_overwrite)
         shp = (shape.nodes, shape.sgkey, shape.refs, shape.uses, shape.ents, shape.strips,

@@ -83,14 +83,14 @@ from fusekit.accel.compat import Compat
 from fusekit.accel.noc import MeshShapeError, sub_mesh_dims
 from fusekit.accel.orion import (
     BUFFER_DEPTH,
-    _bit_read,
-    _bit_write,
-    _crossbar,
-    _crossbar_ctrl,
-    _dff,
-    _wire,
-    _wire_clock,
-    _word_line,
+    bit_read_pj,
+    bit_write_pj,
+    crossbar_ctrl_pj,
+    crossbar_pj,
+    dff_pj,
+    wire_clock_pj,
+    wire_pj,
+    word_line_pj,
 )
 from fusekit.accel.tree import Hierarchy, Level, Network, TreeNode
 from fusekit.accel.tree_model.compute import SIMD_CYCLES, simd_op_cycles
@@ -211,18 +211,18 @@ def router_pj_coefficients(channel: int) -> list[float]:
     """
     w = float(channel)
     k, m, n, length, cw = ORION_K, ORION_M, ORION_N, ORION_LENGTH, ORION_CW
-    wl = _word_line(w, BUFFER_DEPTH, w, cw)
+    wl = word_line_pj(w, BUFFER_DEPTH, w, cw)
     out = [0.0] * PJ_COLS
     out[PJ_WIDTH] = w
-    out[PJ_WIRE] = _wire(length, k, m, n, cw)
-    out[PJ_CLOCK] = _wire_clock(m, length, cw)
-    out[PJ_DFF] = _dff(m, length)
-    out[PJ_READ] = wl + _bit_read(BUFFER_DEPTH, cw) * w
-    out[PJ_WRITE] = wl + _bit_write(BUFFER_DEPTH, cw) * w
-    out[PJ_XBAR] = _crossbar(w, 5, 5, cw)
-    out[PJ_XBAR_CTRL] = _crossbar_ctrl(w, 5, 5, cw)
-    out[PJ_OUT] = _dff(1, w, 1.0)
-    out[PJ_OUT_CLK] = _wire_clock(1, w, cw)
+    out[PJ_WIRE] = wire_pj(length, k, m, n, cw)
+    out[PJ_CLOCK] = wire_clock_pj(m, length, cw)
+    out[PJ_DFF] = dff_pj(m, length)
+    out[PJ_READ] = wl + bit_read_pj(BUFFER_DEPTH, cw) * w
+    out[PJ_WRITE] = wl + bit_write_pj(BUFFER_DEPTH, cw) * w
+    out[PJ_XBAR] = crossbar_pj(w, 5, 5, cw)
+    out[PJ_XBAR_CTRL] = crossbar_ctrl_pj(w, 5, 5, cw)
+    out[PJ_OUT] = dff_pj(1, w, 1.0)
+    out[PJ_OUT_CLK] = wire_clock_pj(1, w, cw)
     return out
 
 
@@ -480,14 +480,14 @@ _sub_mesh_dims = numba.njit(cache=True, inline="always")(sub_mesh_dims)
 
 
 @numba.njit(cache=True, inline="always")
-def _sub_mesh(net, n_id, nodes):  # type: ignore[no-untyped-def]
+def sub_mesh(net, n_id, nodes):  # type: ignore[no-untyped-def]
     """:func:`fusekit.accel.noc.sub_mesh` of network row ``n_id`` (its function, compiled)."""
     return _sub_mesh_dims(net[n_id, NET_MESH] != 0, net[n_id, NET_DIM_X], net[n_id, NET_DIM_Y],
                           nodes)  # fmt: skip
 
 
 @numba.njit(cache=True, inline="always")
-def _hops_data(sx, sy, generalise):  # type: ignore[no-untyped-def]
+def hops_data(sx, sy, generalise):  # type: ignore[no-untyped-def]
     """:func:`fusekit.accel.noc._row`: ``(ok, hops, data)`` of a sub-mesh."""
     if sx == sy and (sx == 1 or sx == 2 or sx == 4 or sx == 16):
         hops = 0 if sx == 1 else (2 if sx == 2 else (6 if sx == 4 else 30))
@@ -528,8 +528,8 @@ def link_cost(net, net_pj, n_id, scatter, tile, unique, nodes, scale, generalise
     """
     if unique == 0 or nodes == 1:
         return True, 0, 0.0, 0, 0
-    sx, sy = _sub_mesh(net, n_id, nodes)
-    ok, hops, data = _hops_data(sx, sy, generalise)
+    sx, sy = sub_mesh(net, n_id, nodes)
+    ok, hops, data = hops_data(sx, sy, generalise)
     if not ok:
         return False, 0, 0.0, sx, sy
     precision_b = np.float64(scale)
@@ -583,7 +583,7 @@ def transfer(lv, net_of, net, net_pj, sl, tile, unique, count, generalise):  # t
 
 
 @numba.njit(cache=True, inline="always")
-def _firsts(n, period):  # type: ignore[no-untyped-def]
+def firsts_count(n, period):  # type: ignore[no-untyped-def]
     """:meth:`.records.MoveRow.firsts`: iterations that get the ``moved`` move."""
     if n == 0:
         return 0
@@ -591,14 +591,15 @@ def _firsts(n, period):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, inline="always")
-def _is_first(i, period):  # type: ignore[no-untyped-def]
+def is_first(i, period):  # type: ignore[no-untyped-def]
+    """Whether iteration ``i`` gets the ``moved`` move (the first of each ``period``)."""
     return i == 0 or (period > 0 and i % period == 0)
 
 
 @numba.njit(cache=True, inline="always")
 def moving(sl, n):  # type: ignore[no-untyped-def]
     """:meth:`.records.MoveRow.moving` of slot ``sl``'s moves over ``n`` iterations."""
-    first = _firsts(n, sl[SL_PERIOD])
+    first = firsts_count(n, sl[SL_PERIOD])
     out = first if sl[SL_MOVED_UNIQUE] else 0
     if sl[SL_KEPT_UNIQUE]:
         out += n - first
@@ -629,7 +630,7 @@ def tensor_stalls(sl, n, n_it, iters, different, cyc, moved, kept, eff):  # type
     if rw:
         last = n - reuse
         if last >= 0:
-            ramp_down = moved if _is_first(last, period) else kept
+            ramp_down = moved if is_first(last, period) else kept
             if last % step == 0:
                 skip = last // step
     else:
@@ -640,7 +641,7 @@ def tensor_stalls(sl, n, n_it, iters, different, cyc, moved, kept, eff):  # type
     eff[:pseudo] = 0
     for j in range(-(-n // step)):
         i = j * step
-        e = moved if _is_first(i, period) else kept
+        e = moved if is_first(i, period) else kept
         if not rw and j == 0:
             ramp_up = e
         # the window: each reuse-th iteration's covers the reused ones after it
@@ -667,7 +668,7 @@ def tensor_stalls(sl, n, n_it, iters, different, cyc, moved, kept, eff):  # type
 
 
 @numba.njit(cache=True, inline="always")
-def _use_up(win, n_win, used, lo, f, kf):  # type: ignore[no-untyped-def]
+def use_up(win, n_win, used, lo, f, kf):  # type: ignore[no-untyped-def]
     """:func:`.merge._use_up`: take ``used[i - lo]`` off ``win`` at each iteration of ``i``."""
     if f == 1 and kf == 1:
         top = min(lo + used.shape[0], n_win)
@@ -793,12 +794,12 @@ def merge_and_count(slots, n_it, run, pseudo, actual, eff, port_overwrite, lvl):
         for kk in range(e + 1, n_entries):
             other = order[kk]
             if slots[other, SL_TARGET] == tgt and slots[other, SL_RW] == idx:
-                _use_up(windows[kk], actual[other], used[:n_used], idx, f, run[other, SO_REUSE])
-    return _node_cycles(lvl, group, ms, n_it, port_overwrite)
+                use_up(windows[kk], actual[other], used[:n_used], idx, f, run[other, SO_REUSE])
+    return node_cycles(lvl, group, ms, n_it, port_overwrite)
 
 
 @numba.njit(cache=True)
-def _node_cycles(lvl, group, ms, n_it, port_overwrite):  # type: ignore[no-untyped-def]
+def node_cycles(lvl, group, ms, n_it, port_overwrite):  # type: ignore[no-untyped-def]
     """:func:`.merge.node_cycles`: compute window, largest ramps, largest stall per iteration."""
     stall = np.zeros(n_it, dtype=np.int64)
     up = down = compute = 0
@@ -1022,7 +1023,7 @@ def leaf_kernel(lv, simd, net_of, net, net_pj, slots, op, generalise, port_overw
             head[H_ERROR] = ERR_EMPTY
             return head, acc, acc_pj, slot_out, slot_pj, lvl, tab
         for m in range(2):  # the moved move, then the kept one (SL_KEPT_* follow SL_MOVED_*)
-            if m == 1 and _firsts(sl[SL_N], sl[SL_PERIOD]) >= sl[SL_N]:
+            if m == 1 and firsts_count(sl[SL_N], sl[SL_PERIOD]) >= sl[SL_N]:
                 break  # every iteration gets the moved tile: the kept one is never priced
             mv = SL_MOVED_TILE + 3 * m
             err, memory, lat, pj, a, b = transfer(lv, net_of, net, net_pj, sl, sl[mv], sl[mv + 1],

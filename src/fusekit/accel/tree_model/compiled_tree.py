@@ -17,8 +17,9 @@ rank order; dims by the problem's dim ids):
 
 * ``vals``: one tiling's values, ``vals[ref]``. With a template (``FlatTree.template``) ``ref``
   is the id of a value text of the template (:class:`~fusekit.accel.comet.files.MappingTemplate`
-  numbers them by first use) and ``vals`` is :func:`~fusekit.accel.comet.files._resolve` of the
-  constants; without, each entry of the tree below is its own ``ref``, in pre-order;
+  numbers them by first use) and ``vals`` is
+  :func:`~fusekit.accel.comet.files.resolve_values` of the constants; without, each entry of
+  the tree below is its own ``ref``, in pre-order;
 * ``nd[node, ND_*]``: every node of the tree in pre-order (``FlatTree.nodes`` the reference's
   nodes): kind (``NK_*``), id, parent, children (``kids[ND_KIDS : ND_KIDS + ND_N_KIDS]``),
   spatial and leaf flags, a binding node's binding and a temporal tile's fit binding (``B_*``,
@@ -86,10 +87,10 @@ reference tree and records each error (``FlatTree.errors``) where the walk meets
 (``err1``) every tiling raises, stage 2's (``err2``) every tiling that fits, stage 3's at its
 node (``ND_ERR``) or slot (``ST_ERR``, after ``ST_ERR_AT`` of its projected dims) of the
 pre-order; the kernel stops at the first error it reaches, the zero division its own. Reading
-a template's text ids leans on :mod:`fusekit.accel.comet.files`' compiled nodes (``_Tile``,
-``_Op``). Not here: numbers past ``2**63`` (Python's integers do not wrap) and templates whose
-constants change the tree's shape (a permutation or a reduction dim named by a constant that a
-tiling changes: :func:`template_values` refuses them).
+a template's text ids leans on :mod:`fusekit.accel.comet.files`' compiled nodes
+(``TemplateTile``, ``TemplateOp``). Not here: numbers past ``2**63`` (Python's integers do not
+wrap) and templates whose constants change the tree's shape (a permutation or a reduction dim
+named by a constant that a tiling changes: :func:`template_values` refuses them).
 """
 
 from __future__ import annotations
@@ -106,10 +107,10 @@ from fusekit.accel.comet.files import (
     COLLECTIVE_TYPES,
     CometInputError,
     MappingTemplate,
-    _Node,
-    _Op,
-    _resolve,
-    _Tile,
+    TemplateNode,
+    TemplateOp,
+    TemplateTile,
+    resolve_values,
 )
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import TreeMapping, TreeNode, pre_order
@@ -281,23 +282,23 @@ class _Refs:
         self.template = template
         if template is not None:
             try:
-                self.values = _resolve(template.texts, inp.const, template.file)
+                self.values = resolve_values(template.texts, inp.const, template.file)
             except CometInputError as e:
                 raise ValueError(f"compiled tree: the template's values do not resolve: {e}") from e
             self._match(template, template.root, inp.mapping, inp.const)
 
     def _match(
-        self, tpl: MappingTemplate, tn: _Node, node: TreeNode, const: dict[str, Any]
+        self, tpl: MappingTemplate, tn: TemplateNode, node: TreeNode, const: dict[str, Any]
     ) -> None:
         """Read the text ids of template node ``tn``, the template's form of ``node``."""
         if tn.id != node.id or len(tn.children) != len(node.children):
             raise ValueError(f"compiled tree: the template is not the tree's ({node.label})")
-        if isinstance(tn, _Tile):
+        if isinstance(tn, TemplateTile):
             perm = _shape_text("perm", tn.perm, const)
             self.shape.append(("perm", tn.perm, perm))
             order = tn.order(perm, tpl.prob, tpl.file)
             self.tiles[node.id] = [[dict(line) for line in lines] for lines in order.fill]
-        elif isinstance(tn, _Op):
+        elif isinstance(tn, TemplateOp):
             self.prims[node.id] = dict(tn.primitive)
             self.steps[node.id] = {t: dict(terms) for t, terms in tn.steps}
             red: dict[int, int] = {}
@@ -714,7 +715,7 @@ def template_values(flat: FlatTree, const: dict[str, Any]) -> Ints:
     if vals is not None:
         return np.array(vals, dtype=np.int64)
     try:
-        vals = _resolve(tpl.texts, const, tpl.file)
+        vals = resolve_values(tpl.texts, const, tpl.file)
     except CometInputError:
         tpl.build(const)  # the error a walk of the document meets first
         raise
@@ -830,7 +831,7 @@ def _getter(names: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
 def _plain_values(texts: list[str], const: dict[str, Any]) -> list[int] | None:
     """The texts' values where each is a positive int constant or digits naming no constant.
 
-    What :func:`~fusekit.accel.comet.files._resolve` gives for such texts, without its checks;
+    What :func:`~fusekit.accel.comet.files.resolve_values` gives for such texts, without its checks;
     ``None`` where a text is anything else (the caller resolves them all, raising as it does).
     """
     out = []
@@ -1196,7 +1197,7 @@ class TreeArrays:
     col_ext: Ints
 
 
-def _args(flat: FlatTree) -> tuple[Any, ...]:
+def kernel_args(flat: FlatTree) -> tuple[Any, ...]:
     """The kernel's arguments before the values: ``tabs``, ``seqs``, ``meta``."""
     tabs = tuple(getattr(flat, name) for name in TABLES)
     meta = np.array([len(flat.keys), flat.n_dims, flat.err1, flat.err2], dtype=np.int64)
@@ -1205,13 +1206,13 @@ def _args(flat: FlatTree) -> tuple[Any, ...]:
 
 def evaluate(flat: FlatTree, vals: Ints) -> TreeArrays:
     """Stages 1-3 of the tiling of values ``vals``; an error is left in ``head``."""
-    tabs, seqs, meta = _args(flat)
+    tabs, seqs, meta = kernel_args(flat)
     return TreeArrays(*tree_kernel(tabs, seqs, meta, vals))
 
 
 def evaluate_batch(flat: FlatTree, vals: Ints) -> TreeArrays:
     """Stages 1-3 of each row of ``vals`` (``[tiling, value]``): the arrays, stacked."""
-    tabs, seqs, meta = _args(flat)
+    tabs, seqs, meta = kernel_args(flat)
     return TreeArrays(*tree_batch(tabs, seqs, meta, vals))
 
 

@@ -154,19 +154,19 @@ from fusekit.accel.tree_model.compiled_leaf import (
     FlatArch,
     Floats,
     Ints,
-    _firsts,
-    _hops_data,
-    _is_first,
-    _node_cycles,
-    _sub_mesh,
-    _use_up,
     entry_order,
+    firsts_count,
+    hops_data,
+    is_first,
     leaf_kernel,
     merged_cost,
     moving,
+    node_cycles,
     read_target_seen,
     router_pj,
+    sub_mesh,
     transfer,
+    use_up,
 )
 from fusekit.accel.tree_model.fit import binding_of
 from fusekit.accel.tree_model.records import (
@@ -757,7 +757,7 @@ def entry_cost(lv, net_of, net, net_pj, generalise, sl, win, hide, different, ef
         return err, a, b, 0, 0, 0, 0, 0, 0, 0.0
     moved = memory + lat
     kept, kept_pj = 0, 0.0
-    firsts = _firsts(n, period)
+    firsts = firsts_count(n, period)
     if firsts < n:
         err, memory, lat, kept_pj, a, b = transfer(lv, net_of, net, net_pj, sl, sl[kp],
                                                    sl[kp + 1], sl[kp + 2], generalise)  # fmt: skip
@@ -770,7 +770,7 @@ def entry_cost(lv, net_of, net, net_pj, generalise, sl, win, hide, different, ef
             noc += moved_pj
     else:
         for i in range(n):
-            noc += moved_pj if _is_first(i, period) else kept_pj
+            noc += moved_pj if is_first(i, period) else kept_pj
     step = 1 if different else reuse
     rw = sl[SL_RW] != 0
     skip = -1  # the picked iteration that is a ramp, not a stall
@@ -778,7 +778,7 @@ def entry_cost(lv, net_of, net, net_pj, generalise, sl, win, hide, different, ef
     if rw:
         last = n - reuse
         if last >= 0:
-            down = moved if _is_first(last, period) else kept
+            down = moved if is_first(last, period) else kept
             if last % step == 0:
                 skip = last // step
     else:
@@ -789,7 +789,7 @@ def entry_cost(lv, net_of, net, net_pj, generalise, sl, win, hide, different, ef
     cumm = 0
     for j in range(-(-n // step)):
         i = j * step
-        e = moved if _is_first(i, period) else kept
+        e = moved if is_first(i, period) else kept
         if j == 0 and not rw:
             up = e
         s = e
@@ -890,8 +890,8 @@ def merge_entries(lv, eo, eff, stl, use, n_it, port_overwrite, lvl):  # type: ig
         for kk in range(k + 1, order.shape[0]):
             o = order[kk]
             if eo[o, EO_TGT] == tgt and eo[o, EO_IDX] == idx:
-                _use_up(windows[o], eo[o, EO_ACTUAL], used[:n_used], idx, f, eo[o, EO_REUSE])
-    return _node_cycles(lvl, group, ms + mc, n_it, port_overwrite)
+                use_up(windows[o], eo[o, EO_ACTUAL], used[:n_used], idx, f, eo[o, EO_REUSE])
+    return node_cycles(lvl, group, ms + mc, n_it, port_overwrite)
 
 
 # --- the kernel: the nodes (steady.py, collectives.py) -----------------------------------------
@@ -1186,8 +1186,8 @@ def collective_link(net, net_pj, n_id, kind, red, tile, nodes, scale, generalise
     """
     if nodes == 1:
         return ERR_NONE, 0, 0.0, 0, 0
-    sx, sy = _sub_mesh(net, n_id, nodes)
-    ok, hops, data = _hops_data(sx, sy, generalise)
+    sx, sy = sub_mesh(net, n_id, nodes)
+    ok, hops, data = hops_data(sx, sy, generalise)
     if not ok:
         return ERR_MESH, 0, 0.0, sx, sy
     parts = 2 if kind == CK_ALLREDUCE or kind == CK_ALLGATHER else 1
