@@ -26,11 +26,9 @@ import statistics
 from pathlib import Path
 
 from fusekit.accel.comet.fusion import KERNELS
-from fusekit.accel.comet.run import CometFitError, evaluate
+from fusekit.accel.comet.run import CometFitError, arch_document, evaluate
 from fusekit.accel.comet.space import Space, label
 from fusekit.accel.mapper import explore
-from fusekit.hw import Accelerator, load
-from fusekit.hw.cpu_gpu import plain
 from fusekit.report.records import Cell, Plot, Summary, run_metadata, write_results
 
 ORACLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "oracles" / "comet"
@@ -71,10 +69,7 @@ def templates(shapes: list[tuple[str, str]]) -> list[dict[str, object]]:
     """The templates study (module docstring): one record per shape and op, COMET mode."""
     out: list[dict[str, object]] = []
     for arch, mnk in shapes:
-        hw = load(arch)
-        if not isinstance(hw, Accelerator) or hw.comet_arch is None:
-            raise ValueError(f"comet_fusion: expected {arch} to be an accelerator with comet_arch")
-        doc = plain(hw.comet_arch)
+        doc = arch_document(arch)
         m, n, k = map(int, mnk.split(","))
         dims = {"M": m, "N": n, "K": k}
         for op in KERNELS:

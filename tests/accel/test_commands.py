@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from fusekit.accel.comet import evaluate as comet_evaluate
 from fusekit.accel.comet.space import Scored, Space, label
-from fusekit.accel.commands import app
+from fusekit.accel.commands import OPS, app
 from fusekit.accel.compat import Compat
 from fusekit.accel.mapper import explore, objective_key, op_chain, pareto
 from fusekit.hw import load
@@ -117,7 +117,7 @@ def test_explore_writes_the_mapping_eval_reads(tmp_path):
 
 
 #: Every built-in op ships an example: the mapper's best tiling at decode shape 1x1024x128 on edge.
-EXAMPLE_OPS = ("gemm", "gemm_softmax", "gemm_layernorm", "attention", "softmax", "layernorm")
+EXAMPLE_OPS = OPS
 
 
 def test_shipped_examples_are_the_mappers_best():
@@ -178,3 +178,12 @@ def test_hw_may_be_a_comet_arch_file_and_a_template_keeps_its_own(tmp_path):
     assert "bad_arch.yaml" in str(result.exception) and "meshX" in str(result.exception)
     result = runner.invoke(app, ["explore", "gemm", *SMALL, "--hw", "h100"])
     assert "comet_arch, or a COMET arch.yaml" in str(result.exception)
+
+
+def test_space_counts_its_tilings_without_building_them():
+    from fusekit.accel.comet.space import arch_constraints
+
+    sp = Space.builtin("gemm_softmax", _edge())
+    for dims in ({"M": 64, "N": 64, "K": 32}, {"M": 3, "N": 5, "K": 7}):
+        fixed = arch_constraints(sp.arch)
+        assert sp.count(dims, fixed) == len(sp.tilings(dims, fixed))

@@ -133,7 +133,7 @@ def explore(
     dims = {"M": m, "N": n, "K": k}
     compat = Compat.native() if native else Compat()
     front = plot is not None or objective != "latency" or not prune
-    count = len(sp.tilings(dims, fixed if fixed is not None else arch_constraints(sp.arch)))
+    count = sp.count(dims, fixed if fixed is not None else arch_constraints(sp.arch))
     note = "" if count < COMPILED_MIN_TILINGS else " (a first run also compiles the scorer: ~2 min)"
     with progress(f"accel explore: scoring COMET tilings{note}", None):
         ex = run_explore(sp, dims, None if template else problem, objective, fixed, workers,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fusekit.accel.comet.files import walk_nodes
 from fusekit.accel.comet.fusion import KERNELS, Kernel, unfused
 from fusekit.accel.comet.space import Scored, Space, SpaceResult
 from fusekit.accel.compat import Compat
@@ -73,21 +74,12 @@ def op_chain(mapping_doc: Any) -> tuple[str, ...]:
     ``CollectiveOperation`` by its type and reduction.
     """
     out: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            kind = str(node.get("node_type", "")).lower()
-            if kind == "operation":
-                out.append(str(node.get("name", node.get("type", "?"))))
-            elif kind == "collectiveoperation":
-                out.append(f"{node.get('type', '?')}({node.get('reduction_op', '?')})")
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(mapping_doc)
+    for node in walk_nodes(mapping_doc):
+        kind = str(node.get("node_type", "")).lower()
+        if kind == "operation":
+            out.append(str(node.get("name", node.get("type", "?"))))
+        elif kind == "collectiveoperation":
+            out.append(f"{node.get('type', '?')}({node.get('reduction_op', '?')})")
     return tuple(out)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -714,6 +715,17 @@ def read_mapping(
 
 
 # --- the four files ---------------------------------------------------------------------------
+
+
+def walk_nodes(doc: Any) -> Iterator[dict[str, Any]]:
+    """Every mapping (a node of a COMET document) in ``doc``, parents first, in file order."""
+    if isinstance(doc, dict):
+        yield doc
+        for v in doc.values():
+            yield from walk_nodes(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from walk_nodes(v)
 
 
 def load_document(path: Path) -> dict[str, Any]:

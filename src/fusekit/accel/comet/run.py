@@ -48,7 +48,7 @@ def arch_document(hw: str | Path) -> dict[str, Any]:
             read_arch(doc, str(p))
             return doc
     target = load(str(hw))
-    if not isinstance(target, Accelerator) or target.comet_arch is None:
+    if not isinstance(target, Accelerator):
         raise ValueError(
             f"expected an accelerator with a comet_arch, or a COMET arch.yaml (got {hw})"
         )

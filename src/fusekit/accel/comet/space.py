@@ -49,6 +49,7 @@ from fusekit.accel.comet.files import (
     load_document,
     read_arch,
     read_problem,
+    walk_nodes,
 )
 from fusekit.accel.compat import Compat
 from fusekit.accel.tree import Chain, Hierarchy, TreeMapping, release, tree_to_dict
@@ -169,15 +170,10 @@ class SpaceResult:
 def _op_constant_names(doc: Any) -> set[str]:
     """Names the ``Operation`` nodes of a mapping document read (primitive, steps, attributes)."""
     out: set[str] = set()
-    if isinstance(doc, dict):
-        if str(doc.get("node_type", "")).lower() == "operation":
+    for node in walk_nodes(doc):
+        if str(node.get("node_type", "")).lower() == "operation":
             for key in ("TilePrimitive", "TileSteps", "compute_attributes"):
-                out.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(doc.get(key, ""))))
-        for v in doc.values():
-            out |= _op_constant_names(v)
-    elif isinstance(doc, list):
-        for v in doc:
-            out |= _op_constant_names(v)
+                out.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(node.get(key, ""))))
     return out
 
 
@@ -266,6 +262,10 @@ class Space:
         """Every tiling of ``dims`` under the constraints ``fixed``."""
         sets = {d: factor_sets(v, fixed.get(d, {})) for d, v in dims.items()}
         return [dict(zip(sets, combo, strict=True)) for combo in itertools.product(*sets.values())]
+
+    def count(self, dims: dict[str, int], fixed: dict[str, dict[int, int]]) -> int:
+        """How many tilings :meth:`tilings` gives, without building them."""
+        return math.prod(len(factor_sets(v, fixed.get(d, {}))) for d, v in dims.items())
 
     def fits(self, tiling: Tiling, dims: dict[str, int], compat: Compat) -> bool:
         """Whether COMET's fit check accepts the tiling (stage 1 only)."""

@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from fusekit.accel import comet
+from fusekit.accel.comet.run import arch_document
 from fusekit.accel.comet.space import Space, label
 from fusekit.accel.comet.templates import formulas
 from fusekit.accel.mapper import Exploration, explore
 from fusekit.accel.plot import draw_pareto
-from fusekit.hw import Accelerator, load
-from fusekit.hw.cpu_gpu import plain
 from fusekit.report.document import Figure, Section, Table, Text
 from fusekit.report.tour import TourOptions
 
@@ -90,10 +89,7 @@ def comet_blocks(case: Path, title: str) -> tuple[Table, ...]:
 
 def build(options: TourOptions) -> Section:
     """The accel section: best fused tiling against COMET's unfused baseline per op, a plot."""
-    hw = load("edge")
-    if not isinstance(hw, Accelerator) or hw.comet_arch is None:
-        raise TypeError("accel tour: expected 'edge' to be an accelerator with a comet_arch")
-    arch = plain(hw.comet_arch)
+    arch = arch_document("edge")
     shape = ",".join(str(v) for v in SHAPE.values())
     records = []
     for op in ("gemm_softmax", "gemm_layernorm", "attention"):
