@@ -26,7 +26,7 @@ from fusekit.accel.comet import (
     evaluate,
     templates,
 )
-from fusekit.accel.comet.files import read_arch, read_case, read_mapping, read_problem
+from fusekit.accel.comet.files import read_arch, read_case, read_mapping, read_problem, walk_nodes
 from fusekit.accel.comet.fusion import unfused
 from fusekit.accel.comet.space import Space, arch_constraints, read_constraints
 from fusekit.accel.comet.templates import write_template
@@ -327,17 +327,7 @@ def test_native_reads_simd_costs_from_the_arch(tmp_path):
     shutil.copytree(case, mine)
     arch = yaml.safe_load((mine / "arch.yaml").read_text())
 
-    def simd_tiles(doc):
-        if isinstance(doc, dict):
-            if doc.get("name") == "VSIMD":
-                yield doc
-            for v in doc.values():
-                yield from simd_tiles(v)
-        elif isinstance(doc, list):
-            for v in doc:
-                yield from simd_tiles(v)
-
-    tiles = list(simd_tiles(arch))
+    tiles = [node for node in walk_nodes(arch) if node.get("name") == "VSIMD"]
     assert tiles
     for t in tiles:
         t.setdefault("attributes", {}).update(op_cycles={"exp": 6}, op_energy_pj={"exp": 7.72})
